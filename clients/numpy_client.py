@@ -1,0 +1,113 @@
+"""The Flower NumPyClient: receive the global model and the round's instructions, train locally, privatize.
+
+One process (a Ray worker in simulation, a SuperNode in deployment) keeps its dataset and model in memory
+across rounds (:func:`_train_data`, :func:`_model`): a round costs an index lookup and a weight copy, not a
+dataset read or a model build.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+from torch import nn
+
+from clients.recipes import privatize_update
+from clients.training import LocalTrainingConfig, train_local
+from fl_app.data.datasets import DATASETS, TensorData, load_dataset
+from fl_app.data.partition import get_partition
+from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
+from fl_app.models import build_model, get_weights, set_weights
+from fl_app.privacy.mechanisms import make_rng
+
+
+class LocalTrainingDivergedError(RuntimeError):
+    """The local loss became NaN/Inf; the client reports failure instead of sending a non-finite update."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _train_data(spec: DataSpec) -> TensorData:
+    train, _ = load_dataset(spec.dataset, spec.data_dir or None, download=spec.download)
+    return train
+
+
+@functools.lru_cache(maxsize=4)
+def _model(name: str, dataset: str, device: str) -> nn.Module:
+    info = DATASETS[dataset]
+    # The initial weights are overwritten by the global model every round; the seed only fixes the build.
+    return build_model(name, info.num_classes, info.in_channels, seed=0).to(device)
+
+
+def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    train = _train_data(spec)
+    idx = torch.from_numpy(
+        np.asarray(
+            get_partition(
+                spec.dataset,
+                spec.data_dir or None,
+                spec.partition,
+                spec.num_clients,
+                spec.alpha,
+                spec.seed,
+                partition_id,
+            )
+        )
+    )
+    return train.x[idx], train.y[idx]
+
+
+class DPClient(NumPyClient):
+    """Local training with SGD or SAM, then the client-side recipe of :mod:`clients.recipes`."""
+
+    def __init__(self, partition_id: int) -> None:
+        self.partition_id = partition_id
+
+    def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        ins = TrainInstructions.from_config(config)
+        torch.set_num_threads(ins.num_threads)
+        device = resolve_device(ins.device)
+        x, y = client_data(ins.data_spec, self.partition_id)
+        model = _model(ins.model, ins.dataset, str(device))
+        set_weights(model, parameters)
+        seed = int(make_rng(ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, self.partition_id).integers(2**62))
+        generator = torch.Generator().manual_seed(seed)
+        result = train_local(
+            model,
+            x,
+            y,
+            LocalTrainingConfig(
+                epochs=ins.local_epochs,
+                batch_size=ins.batch_size,
+                lr=ins.lr,
+                momentum=ins.momentum,
+                weight_decay=ins.weight_decay,
+                lr_decay=ins.lr_decay,
+                optimizer=ins.optimizer,
+                rho=ins.rho,
+                adaptive=ins.adaptive,
+            ),
+            server_round=ins.server_round,
+            generator=generator,
+            device=device,
+        )
+        if result.diverged:
+            raise LocalTrainingDivergedError(
+                f"client {self.partition_id}: local loss became non-finite in round {ins.server_round}"
+            )
+        update = [new - old for new, old in zip(get_weights(model), parameters, strict=True)]
+        sent, pre_clip_norm = privatize_update(update, ins, self.partition_id)
+        metrics = {
+            "partition_id": self.partition_id,
+            "pre_clip_norm": pre_clip_norm,
+            "train_loss": result.loss,
+            "train_accuracy": result.accuracy,
+            "num_steps": result.num_steps,
+        }
+        return sent, result.num_examples, metrics

@@ -1,0 +1,259 @@
+"""Local training loop of a federated client: SGD or SAM/ASAM over E epochs of the client's data.
+
+SPEC §3. Local optimizer: SGD with momentum 0.5, weight decay 5e-4 and a per-round decayed learning rate
+η_t = η · decay^(t−1) (released DP-FedSAM code), or SAM (DP-FedSAM journal Eqs. 8–9; Foret et al., 2021) /
+ASAM (Kwon et al., 2021) wrapped around that SGD, with two forward/backward passes per step on the same batch
+and BatchNorm statistics frozen during the perturbed pass. K = E · ⌈n/B⌉ local steps (the last partial batch
+included), optionally capped by ``max_steps``.
+
+SPEC §2: a client whose loss turns non-finite stops at once and reports ``diverged=True`` so the caller can
+report failure instead of sending a NaN update.
+
+Nothing here knows about differential privacy: clipping and noise happen on the update, elsewhere.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from clients.sam import SAM, frozen_batchnorm_stats
+
+__all__ = ["LocalTrainingConfig", "LocalTrainingResult", "evaluate", "local_lr", "train_local"]
+
+ExtraLoss = Callable[[nn.Module], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalTrainingConfig:
+    """Hyper-parameters of one client's local training (SPEC §3 defaults)."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.5
+    weight_decay: float = 5e-4
+    lr_decay: float = 0.998
+    optimizer: Literal["sgd", "sam"] = "sgd"
+    rho: float = 0.05
+    adaptive: bool = False
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0.0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.momentum < 0.0:
+            raise ValueError(f"momentum must be >= 0, got {self.momentum}")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.lr_decay > 0.0:
+            raise ValueError(f"lr_decay must be > 0, got {self.lr_decay}")
+        if self.optimizer not in ("sgd", "sam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'sam', got {self.optimizer!r}")
+        if self.rho < 0.0:
+            raise ValueError(f"rho must be >= 0, got {self.rho}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be None or >= 1, got {self.max_steps}")
+
+
+@dataclass(frozen=True)
+class LocalTrainingResult:
+    """Outcome of :func:`train_local`.
+
+    ``loss``/``accuracy`` are the cross-entropy and accuracy averaged over every training sample processed
+    (for SAM: on the first, unperturbed pass; ``extra_loss`` terms excluded so numbers are comparable across
+    algorithms). ``num_examples`` is the client's dataset size n (what Flower reports as ``num_examples``);
+    ``num_steps`` counts the optimizer steps actually taken. When ``diverged`` is true, ``loss`` is NaN and
+    the model holds the last finite weights: no step was taken with the non-finite gradient.
+    """
+
+    loss: float
+    accuracy: float
+    num_examples: int
+    num_steps: int
+    diverged: bool
+
+
+def local_lr(base_lr: float, lr_decay: float, server_round: int) -> float:
+    """η_t = η · decay^(t−1) for server round t ≥ 1 (SPEC §3, released code's per-round decay).
+
+    Exponent t − 1 so that round 1 (Flower numbers rounds from 1) trains with the configured η.
+    """
+    if server_round < 1:
+        raise ValueError(f"server_round must be >= 1 (Flower rounds start at 1), got {server_round}")
+    return base_lr * lr_decay ** (server_round - 1)
+
+
+def _data_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean cross-entropy on a batch, and the logits (for accuracy)."""
+    logits = model(xb)
+    return F.cross_entropy(logits, yb), logits
+
+
+def train_local(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: LocalTrainingConfig,
+    server_round: int,
+    generator: torch.Generator,
+    device: torch.device,
+    extra_loss: ExtraLoss | None = None,
+) -> LocalTrainingResult:
+    """Train ``model`` in place on (x, y) for E epochs of ⌈n/B⌉ mini-batches each (SPEC §3).
+
+    Args:
+        model: the network; moved to ``device`` and left in train mode with gradients cleared.
+        x: inputs, already normalised, N×C×H×W (any device; moved to ``device`` once).
+        y: integer class labels, shape N.
+        config: local hyper-parameters.
+        server_round: current round t ≥ 1, for the learning-rate decay :func:`local_lr`.
+        generator: the only source of randomness (the per-epoch shuffles), so runs are reproducible.
+        device: where to compute.
+        extra_loss: optional regulariser R(model) added to the loss on every pass (both SAM passes), e.g. a
+            proximal term.
+
+    The optimizer is built per call, so momentum buffers start from zero every round, as in the released code.
+    """
+    n = int(x.shape[0])
+    if int(y.shape[0]) != n:
+        raise ValueError(f"x has {n} samples but y has {int(y.shape[0])}")
+    if n == 0:
+        # An empty client cannot train; zero weight in any example-weighted metric average.
+        return LocalTrainingResult(loss=0.0, accuracy=0.0, num_examples=0, num_steps=0, diverged=False)
+
+    model.to(device)
+    model.train()
+    # A client's shard is small (hundreds to a few thousand images), so one transfer beats one per batch.
+    x_dev = x.to(device)
+    y_dev = y.to(device=device, dtype=torch.long)
+
+    lr = local_lr(config.lr, config.lr_decay, server_round)
+    params = [p for p in model.parameters() if p.requires_grad]
+    sam: SAM | None = None
+    optimizer: torch.optim.Optimizer
+    if config.optimizer == "sam":
+        sam = SAM(
+            params,
+            torch.optim.SGD,
+            rho=config.rho,
+            adaptive=config.adaptive,
+            lr=lr,
+            momentum=config.momentum,
+            weight_decay=config.weight_decay,
+        )
+        optimizer = sam
+    else:
+        optimizer = torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+    def total_loss(data_loss: torch.Tensor) -> torch.Tensor:
+        return data_loss if extra_loss is None else data_loss + extra_loss(model)
+
+    steps_per_epoch = math.ceil(n / config.batch_size)
+    total_steps = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        total_steps = min(total_steps, config.max_steps)
+
+    # Accumulated on device; only one transfer at the end (beyond the per-step finiteness check).
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    num_steps = 0
+    diverged = False
+
+    while num_steps < total_steps and not diverged:
+        # Shuffle on the generator's device so the permutation depends on nothing but its seed.
+        perm = torch.randperm(n, generator=generator, device=generator.device).to(device)
+        for start in range(0, n, config.batch_size):
+            if num_steps >= total_steps:
+                break
+            idx = perm[start : start + config.batch_size]
+            xb, yb = x_dev[idx], y_dev[idx]
+
+            optimizer.zero_grad(set_to_none=True)
+            data_loss, logits = _data_loss(model, xb, yb)
+            loss = total_loss(data_loss)
+            loss.backward()
+            finite = torch.isfinite(loss)
+            if sam is not None:
+                sam.first_step(zero_grad=True)
+                with frozen_batchnorm_stats(model):
+                    perturbed_loss = total_loss(_data_loss(model, xb, yb)[0])
+                    perturbed_loss.backward()
+                finite = finite & torch.isfinite(perturbed_loss)
+            # Checked every step, before the weights move: stopping at once keeps the model at its last finite
+            # weights (SPEC §2). This costs one host sync per step, which is negligible next to a client's
+            # handful of local steps; deferring it would let NaN reach the weights and momentum buffers.
+            if not bool(finite):
+                if sam is not None:
+                    sam.restore()
+                diverged = True
+                break
+            if sam is not None:
+                sam.second_step(zero_grad=False)
+            else:
+                optimizer.step()
+
+            with torch.no_grad():
+                loss_sum += data_loss.detach() * yb.shape[0]
+                correct += (logits.argmax(dim=1) == yb).sum()
+            seen += int(yb.shape[0])
+            num_steps += 1
+
+    optimizer.zero_grad(set_to_none=True)
+    if not diverged and params:
+        # A last step with finite loss can still overflow the weights; never report them as a success.
+        with torch.no_grad():
+            diverged = not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
+    if diverged:
+        accuracy = correct.item() / seen if seen else 0.0
+        return LocalTrainingResult(loss=math.nan, accuracy=accuracy, num_examples=n, num_steps=num_steps, diverged=True)
+    return LocalTrainingResult(
+        loss=loss_sum.item() / seen,
+        accuracy=correct.item() / seen,
+        num_examples=n,
+        num_steps=num_steps,
+        diverged=False,
+    )
+
+
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int = 1024
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on (x, y) in eval mode (running BN stats, no dropout).
+
+    The model is moved to ``device``; its previous train/eval mode is restored afterwards. An empty set gives
+    ``(nan, nan)``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = int(x.shape[0])
+    if n == 0:
+        return math.nan, math.nan
+    was_training = model.training
+    model.to(device)
+    model.eval()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    try:
+        with torch.inference_mode():
+            for start in range(0, n, batch_size):
+                xb = x[start : start + batch_size].to(device)
+                yb = y[start : start + batch_size].to(device=device, dtype=torch.long)
+                logits = model(xb)
+                loss_sum += F.cross_entropy(logits, yb, reduction="sum")
+                correct += (logits.argmax(dim=1) == yb).sum()
+    finally:
+        model.train(was_training)
+    return loss_sum.item() / n, correct.item() / n

@@ -1,0 +1,89 @@
+"""Hydra entry point: ``python -m fl_app.main [overrides]`` and ``--multirun`` sweeps.
+
+The config is composed by Hydra and validated (:func:`fl_app.config.load_app_config`) and the dataset is checked
+*before* Ray starts; then the same ServerApp/ClientApp as ``flwr run`` runs on Flower's simulation engine.
+Each run writes its resolved config (Hydra's ``.hydra/``), ``run.json``, ``metrics.jsonl`` and
+``final_model.npz`` into its own output directory.
+
+Flower 1.41 marks ``flwr.simulation.run_simulation`` deprecated in favour of ``flwr run``. We keep it here
+because a Hydra job (one of many in a sweep) needs an in-process launch with its own config object and output
+directory; the ServerApp/ClientApp it runs are exactly the ones ``flwr run`` uses (see README).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from fl_app.config import AppConfig, ConfigError, load_app_config
+from fl_app.data.datasets import DatasetUnavailableError, load_dataset
+
+
+def simulation_nodes(config: AppConfig) -> int:
+    """SuperNodes to simulate: M with population=nodes; otherwise one per concurrent worker (results do not
+    depend on it, see strategies.population)."""
+    if config.population == "nodes":
+        return config.dataset.num_clients
+    workers = max(1, int((os.cpu_count() or 1) // max(config.simulation.client_cpus, 1e-9)))
+    return max(1, min(config.dataset.num_clients, workers))
+
+
+def backend_config(config: AppConfig) -> dict:
+    sim = config.simulation
+    return {
+        "client_resources": {"num_cpus": sim.client_cpus, "num_gpus": sim.client_gpus},
+        "init_args": {"logging_level": "ERROR", "log_to_driver": True},
+    }
+
+
+def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> None:
+    """Run one simulation of ``config`` (already validated) writing into ``output_dir``."""
+    from flwr.simulation import run_simulation
+
+    from fl_app.client_app import app as client_app
+    from fl_app.server_app import make_server_app
+
+    # Fail on missing data here, with the how-to message, rather than inside a Ray worker.
+    load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        run_simulation(
+            server_app=make_server_app(config, output_dir, progress=progress),
+            client_app=client_app,
+            num_supernodes=simulation_nodes(config),
+            backend_config=backend_config(config),
+        )
+    if not (output_dir / "final_model.npz").exists():
+        raise RuntimeError(f"the simulation did not complete; see the log above and {output_dir}/run.json")
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> float:
+    try:
+        config = load_app_config(cfg)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
+    try:
+        run(config, output_dir)
+    except DatasetUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    from fl_app.metrics import read_metrics
+
+    records = read_metrics(output_dir / "metrics.jsonl")
+    accs = [r["test_accuracy"] for r in records if r.get("test_accuracy") is not None]
+    return float(accs[-1]) if accs else math.nan
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Models and flat weight exchange (SPEC §8 "Models").
+
+- :class:`CNN`: the paper CNN for 28×28 grey images — conv5×5 (in→32), ReLU, maxpool 2, conv5×5 (32→64),
+  ReLU, maxpool 2, FC→512, ReLU, FC→classes. Padding 2 keeps 28→28→14→14→7, so the first FC is 64·7·7→512;
+  this is ``CNN_OriginalFedAvg`` of the released DP-FedSAM/FedML code (the CNN of McMahan et al.'s FedAvg
+  paper, 1,663,370 parameters for 10 classes). The released ``cnn_emnist`` variant uses no padding and a
+  1600-wide FC, which only fits the 32×32 random crops that code applies to EMNIST; we do not replicate it.
+- :func:`resnet18_gn`: torchvision ResNet-18 in its CIFAR form (3×3 stride-1 stem, no max-pool) with
+  GroupNorm instead of BatchNorm. GroupNorm has no running statistics, so SAM's perturbed forward pass and
+  client-level DP (every exchanged tensor is clipped and noised) have no hidden state to worry about.
+
+Weight exchange (:func:`get_weights` / :func:`set_weights`) covers the **floating-point entries of the
+state_dict, in state_dict order**: all parameters plus float buffers (e.g. BatchNorm running mean/var, which
+are data-dependent and must therefore be inside the clipped, noised update). Integer buffers such as
+BatchNorm's ``num_batches_tracked`` are left out: they are not weights, cannot be averaged or noised
+meaningfully, and would reveal the client's number of local steps (hence its data size). The default models
+(GroupNorm) have no buffers at all, so there the list is exactly the parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+from torchvision.models import resnet18
+
+__all__ = [
+    "CNN",
+    "MODELS",
+    "build_model",
+    "get_weights",
+    "resnet18_gn",
+    "set_weights",
+    "weight_names",
+    "weight_shapes",
+]
+
+
+class CNN(nn.Module):
+    """Paper CNN (SPEC §8), ``CNN_OriginalFedAvg`` layout; expects ``N×in_channels×image_size×image_size``."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
+        super().__init__()
+        if image_size % 4:
+            raise ValueError(f"image_size must be divisible by 4 (two 2×2 max-pools), got {image_size}")
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, kernel_size=5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, kernel_size=5, padding=2),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        )
+        side = image_size // 4
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(64 * side * side, 512),
+            nn.ReLU(inplace=True),
+            nn.Linear(512, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def resnet18_gn(num_classes: int, in_channels: int = 3, groups: int = 2) -> nn.Module:
+    """ResNet-18, CIFAR variant (3×3 stride-1 stem conv, no max-pool), GroupNorm with ``groups`` groups.
+
+    Every normalised width in ResNet-18 (64…512) is divisible by the default 2 groups.
+    """
+    model = resnet18(weights=None, num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(groups, c))
+    # The ImageNet stem (7×7 stride 2 + max-pool) would shrink 32×32 inputs to 8×8 before the first block.
+    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    # Same init torchvision gives every other conv, so the replaced stem is not the odd one out.
+    nn.init.kaiming_normal_(model.conv1.weight, mode="fan_out", nonlinearity="relu")
+    model.maxpool = nn.Identity()
+    return model
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"cnn": CNN, "resnet18": resnet18_gn}
+
+
+def build_model(name: str, num_classes: int, in_channels: int, seed: int, **kwargs: int) -> nn.Module:
+    """Instantiate ``MODELS[name]`` on the CPU with an initialisation determined by ``seed`` alone.
+
+    The global torch RNG state is forked and restored, so building a model neither depends on nor perturbs
+    other random draws. Only the CPU generator is reseeded (not ``torch.manual_seed``, which would also reseed
+    every CUDA generator outside the fork); building under ``torch.device("cpu")`` makes the CPU generator
+    the one the initialisers use even if a default device was set. Extra ``kwargs`` (e.g. ``image_size`` for
+    the CNN, ``groups`` for the ResNet) go to the constructor.
+    """
+    try:
+        factory = MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; known: {sorted(MODELS)}") from None
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+        torch.default_generator.manual_seed(int(seed))
+        return factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
+
+
+def _exchanged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    # keep_vars so parameters come back as the live tensors (set_weights writes through them).
+    return [(k, v) for k, v in model.state_dict(keep_vars=True).items() if v.is_floating_point()]
+
+
+def weight_names(model: nn.Module) -> list[str]:
+    """state_dict keys of the exchanged tensors, in exchange order."""
+    return [k for k, _ in _exchanged(model)]
+
+
+def weight_shapes(model: nn.Module) -> list[tuple[int, ...]]:
+    """Shapes of the exchanged tensors, in exchange order."""
+    return [tuple(v.shape) for _, v in _exchanged(model)]
+
+
+def get_weights(model: nn.Module) -> list[np.ndarray]:
+    """float32 numpy copies of the floating-point state_dict entries, in state_dict order."""
+    return [v.detach().to(device="cpu", dtype=torch.float32, copy=True).numpy() for _, v in _exchanged(model)]
+
+
+def set_weights(model: nn.Module, weights: Sequence[np.ndarray]) -> None:
+    """Copy ``weights`` (as returned by :func:`get_weights`) into ``model`` in place.
+
+    Every shape is checked before anything is written, so a mismatch leaves the model untouched; the error
+    names the offending tensor. Values are cast to each tensor's own dtype and device.
+    """
+    entries = _exchanged(model)
+    if len(weights) != len(entries):
+        raise ValueError(f"expected {len(entries)} weight arrays for this model, got {len(weights)}")
+    arrays = [np.asarray(w) for w in weights]
+    for (name, tensor), w in zip(entries, arrays, strict=True):
+        if tuple(w.shape) != tuple(tensor.shape):
+            raise ValueError(f"shape mismatch for {name!r}: model has {tuple(tensor.shape)}, got {tuple(w.shape)}")
+    with torch.no_grad():
+        for (_, tensor), w in zip(entries, arrays, strict=True):
+            # torch.tensor copies, so read-only arrays (e.g. deserialised from a Flower message) are fine.
+            tensor.copy_(torch.tensor(w))

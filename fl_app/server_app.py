@@ -1,0 +1,143 @@
+"""Flower ServerApp: build the strategy and the accountant from the validated config and run the rounds.
+
+Two front doors share :func:`run_federated`: ``flwr run`` (config from the run-config, composed through Hydra in
+:func:`main`) and the Hydra entry point :mod:`fl_app.main` (config composed on the command line, handed to
+:func:`make_server_app`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import tempfile
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context
+from flwr.common.logger import log
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import Result
+from hydra.utils import get_class
+
+from clients.numpy_client import resolve_device
+from clients.training import evaluate
+from fl_app.config import AppConfig, compose_config, overrides_from_run_config
+from fl_app.data.datasets import DATASETS, load_dataset
+from fl_app.metrics import MetricsWriter, write_json_atomic
+from fl_app.models import build_model, get_weights, set_weights, weight_names
+from strategies.base import EvaluateFn, FederatedStrategy
+
+RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"
+
+
+def default_output_dir(config: AppConfig) -> Path:
+    base = Path(os.environ.get(RUNS_DIR_ENV, "runs"))
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    return (base / f"{stamp}-{config.strategy.name}").resolve()
+
+
+def build_strategy(config: AppConfig) -> FederatedStrategy:
+    """Instantiate the strategy class named by ``strategy._target_`` (validated in fl_app.config)."""
+    return get_class(config.strategy.target)(config)
+
+
+def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
+    """Global test-set evaluation of the global model (SPEC §8), model and test set built once."""
+    info = DATASETS[config.dataset.name]
+    _, test = load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
+    device = resolve_device(config.simulation.device)
+    model = build_model(config.model.name, info.num_classes, info.in_channels, seed=config.seed).to(device)
+
+    def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, float]:
+        set_weights(model, weights)
+        return evaluate(model, test.x, test.y, device)
+
+    return evaluate_fn
+
+
+def _save_model_atomic(path: Path, names: list[str], weights: list[np.ndarray]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, **dict(zip(names, weights, strict=True)))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: bool | None = None) -> Result:
+    """Run one federated training with ``config`` on ``grid``; write metrics, run metadata and the final model."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    log(INFO, "Run output directory: %s", output_dir)
+    strategy = build_strategy(config)
+    info = DATASETS[config.dataset.name]
+    model = build_model(config.model.name, info.num_classes, info.in_channels, seed=config.seed)
+    initial = get_weights(model)
+    evaluate_fn = make_evaluate_fn(config)
+    meta: dict[str, Any] = {
+        "config": config.to_dict(),
+        "strategy": type(strategy).__name__,
+        "status": "running",
+        "started": dt.datetime.now().isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "num_parameters": int(sum(w.size for w in initial)),
+        **strategy.dp_guarantee(),
+    }
+    write_json_atomic(output_dir / "run.json", meta)
+    metrics = MetricsWriter(output_dir, config.num_rounds, progress=progress)
+    try:
+        result = strategy.start(
+            grid,
+            ArrayRecord(initial),
+            num_rounds=config.num_rounds,
+            timeout=config.round_timeout,
+            evaluate_fn=evaluate_fn,
+            metrics=metrics,
+        )
+    except BaseException as exc:
+        meta.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        write_json_atomic(output_dir / "run.json", meta)
+        raise
+    finally:
+        metrics.close()
+    final = result.arrays.to_numpy_ndarrays() if len(result.arrays) else initial
+    _save_model_atomic(output_dir / "final_model.npz", weight_names(model), final)
+    last_eval = result.evaluate_metrics_serverapp
+    final_metrics = dict(last_eval[max(last_eval)]) if last_eval else {}
+    meta.update(
+        status="stopped" if strategy.stop_reason else "completed",
+        stop_reason=strategy.stop_reason,
+        finished=dt.datetime.now().isoformat(timespec="seconds"),
+        rounds_completed=len(result.train_metrics_clientapp),
+        final=final_metrics,
+        **strategy.dp_guarantee(),
+    )
+    write_json_atomic(output_dir / "run.json", meta)
+    log(INFO, "Final: %s; %s", final_metrics, meta["dp_guarantee"])
+    return result
+
+
+def make_server_app(config: AppConfig, output_dir: Path, progress: bool | None = None) -> ServerApp:
+    """A ServerApp bound to an already validated config (the Hydra front door)."""
+    server_app = ServerApp()
+
+    @server_app.main()
+    def _main(grid: Grid, context: Context) -> None:
+        run_federated(grid, config, output_dir, progress=progress)
+
+    return server_app
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """``flwr run`` front door: compose conf/ with the run-config, validate, run."""
+    config = compose_config(overrides_from_run_config(context.run_config))
+    output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
+    run_federated(grid, config, output_dir)

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the test suite (ruff + pytest; slow-marked tests are left out).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+bash "$ROOT/scripts/setup.sh"
+cd "$ROOT"
+export RAY_TMPDIR="${RAY_TMPDIR:-$(mktemp -d /tmp/ray_dpfedsam_test.XXXX)}"
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+"$ROOT/.venv/bin/ruff" check fl_app strategies clients tests
+exec "$ROOT/.venv/bin/python" -m pytest -m "not slow" "$@"

@@ -1,0 +1,362 @@
+"""The round skeleton shared by every strategy: a custom Flower (Message API) strategy.
+
+Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg. 1):
+
+1. **Budget guard** — if one more round would take ε above ``privacy.max_epsilon``, stop *before* it.
+2. **Sample** — clients (partition ids) drawn from the population of M by Poisson(q) or fixed-size m = qM
+   without replacement, from the stream ``(seed, t, SAMPLING)``; the accountant accounts the same event.
+3. **Configure** — each sampled client gets the global model and :class:`~fl_app.instructions.TrainInstructions`:
+   its local optimizer (the strategy's recipe), C, σ, m and the noise placement.
+4. **Client** (clients/): local SGD or SAM → Δ → clip to C on the global norm → (client placement) + N(0, σ²C²/m).
+5. **Validate** — replies with errors are counted as failed; non-finite or wrong-shape updates are rejected and
+   counted. In server placement every update is clipped again to C: the server never trusts a client's clipping.
+6. **Aggregate** — uniform sum in partition order divided by the **fixed** denominator m = qM (a missing client
+   never raises the sensitivity above C/m); server placement adds N(0, σ²C²/m²); client placement tops the
+   noise up for the clients that did not contribute, so the aggregate noise is always N(0, σ²C²/m²).
+   w ← w + η_g · average.
+7. **Account** — the accountant records the round (σ, q), whatever number of clients answered.
+8. **Evaluate and record** — global test loss/accuracy, ε, norm statistics, one JSON line.
+
+Non-private references (FedAvg, FedSAM) run the same skeleton with no clipping, no noise, no accountant and the
+mean over the updates that arrived. Strategy subclasses only say which client recipe they use; the mechanism
+math lives in :mod:`fl_app.privacy`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from fl_app.config import AppConfig
+from fl_app.instructions import STREAM_SAMPLING, STREAM_SERVER_NOISE, make_train_instructions
+from fl_app.metrics import MetricsWriter
+from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
+from strategies.population import Population
+
+EvaluateFn = Callable[[list[np.ndarray]], tuple[float, float]]
+
+
+@dataclass
+class RoundOutcome:
+    """What aggregation produced, before evaluation and accounting fill in the rest of the record."""
+
+    new_weights: list[np.ndarray]
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class FederatedStrategy(Strategy):
+    """Sampling, validation, uniform fixed-denominator aggregation, noise placement, accounting, metrics."""
+
+    #: Whether the strategy runs the client-level Gaussian mechanism and the accountant.
+    private: ClassVar[bool] = True
+    #: The local optimizer of the client recipe.
+    local_optimizer: ClassVar[Literal["sgd", "sam"]] = "sgd"
+
+    def __init__(self, config: AppConfig) -> None:
+        self.config = config
+        privacy = config.privacy
+        self.num_clients = config.dataset.num_clients
+        if privacy.sampling == "fixed":
+            self.expected_clients = float(round(privacy.sample_rate * self.num_clients))
+        else:
+            self.expected_clients = mech.expected_clients(self.num_clients, privacy.sample_rate)
+        self.noise_multiplier = privacy.noise_multiplier
+        self.accountant: PrivacyAccountant | None = None
+        if self.private:
+            self.accountant = PrivacyAccountant(privacy.accountant, privacy.sampling, self.num_clients)
+            if privacy.target_epsilon is not None:
+                self.noise_multiplier = calibrate_noise_multiplier(
+                    privacy.target_epsilon,
+                    privacy.delta,
+                    privacy.sample_rate,
+                    config.num_rounds,
+                    accountant=privacy.accountant,
+                    sampling=privacy.sampling,
+                    population=self.num_clients,
+                )
+                log(
+                    INFO,
+                    "Calibrated noise multiplier sigma=%.4f for target epsilon=%.3f (delta=%.3g, q=%.4g, T=%d, %s)",
+                    self.noise_multiplier,
+                    privacy.target_epsilon,
+                    privacy.delta,
+                    privacy.sample_rate,
+                    config.num_rounds,
+                    privacy.accountant,
+                )
+        self.population = Population(config.population, self.num_clients)
+        self._shapes: list[tuple[int, ...]] = []
+        self._global: list[np.ndarray] = []
+        self._sampled = 0
+        self.stop_reason: str | None = None
+
+    # ----- what the run reports about its guarantee -----------------------------------------------------------
+
+    @property
+    def noise_source(self) -> str:
+        if not self.private:
+            return "none"
+        return "os-csprng" if self.config.privacy.secure_noise else "seeded-prng (simulation; reproducible)"
+
+    def dp_guarantee(self) -> dict[str, Any]:
+        """The run's DP claim, as written into ``run.json``."""
+        if not self.private:
+            return {"dp_guarantee": "none: non-private reference"}
+        p = self.config.privacy
+        assert self.accountant is not None
+        return {
+            "dp_guarantee": f"client-level ({self.epsilon():.4g}, {p.delta:.3g})-DP",
+            "accountant": p.accountant,
+            "sampling_event": "poisson" if p.sampling == "poisson" else "fixed-size without replacement",
+            "neighbouring": "add/remove one client" if p.sampling == "poisson" else "replace one client",
+            "epsilon": self.epsilon(),
+            "delta": p.delta,
+            "noise_multiplier": self.noise_multiplier,
+            "clip_norm": p.clip_norm,
+            "sample_rate": p.sample_rate,
+            "expected_clients": self.expected_clients,
+            "rounds_accounted": self.accountant.steps,
+            "placement": p.placement,
+            "noise_source": self.noise_source,
+        }
+
+    def epsilon(self) -> float:
+        if self.accountant is None:
+            return math.inf
+        return self.accountant.get_epsilon(self.config.privacy.delta)
+
+    # ----- sampling (SPEC §1) ---------------------------------------------------------------------------------
+
+    def sample_clients(self, server_round: int) -> np.ndarray:
+        rng = mech.make_rng(self.config.seed, server_round, STREAM_SAMPLING)
+        p = self.config.privacy
+        if p.sampling == "fixed":
+            return mech.fixed_size_sample(self.num_clients, int(self.expected_clients), rng)
+        return mech.poisson_sample(self.num_clients, p.sample_rate, rng)
+
+    def _noise_rng(self, server_round: int) -> np.random.Generator:
+        if self.config.privacy.secure_noise:
+            return mech.secure_rng()
+        return mech.make_rng(self.config.seed, server_round, STREAM_SERVER_NOISE)
+
+    # ----- Flower Strategy interface ----------------------------------------------------------------------------
+
+    def summary(self) -> None:
+        p = self.config.privacy
+        log(INFO, "Strategy %s (local optimizer: %s)", type(self).__name__, self.local_optimizer)
+        log(
+            INFO,
+            "\tclients M=%d, sampling=%s q=%.4g, m=%.4g",
+            self.num_clients,
+            p.sampling,
+            p.sample_rate,
+            self.expected_clients,
+        )
+        if self.private:
+            log(
+                INFO,
+                "\tC=%.4g sigma=%.4g placement=%s accountant=%s delta=%.3g noise=%s",
+                p.clip_norm,
+                self.noise_multiplier,
+                p.placement,
+                p.accountant,
+                p.delta,
+                self.noise_source,
+            )
+        else:
+            log(INFO, "\tnon-private reference: no clipping, no noise")
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._global = arrays.to_numpy_ndarrays()
+        self._shapes = [tuple(w.shape) for w in self._global]
+        sampled = self.sample_clients(server_round)
+        p = self.config.privacy
+        instructions = make_train_instructions(
+            self.config,
+            server_round,
+            optimizer=self.local_optimizer,
+            clip_norm=p.clip_norm if self.private else 0.0,
+            add_noise=self.private and p.placement == "client",
+            noise_multiplier=self.noise_multiplier if self.private else 0.0,
+            expected_clients=self.expected_clients,
+        ).to_config_record()
+        messages = []
+        for position, partition_id in enumerate(sampled.tolist()):
+            client_config = ConfigRecord({**instructions, **config, "partition_id": int(partition_id)})
+            messages.append(
+                Message(
+                    RecordDict({"arrays": arrays, "config": client_config}),
+                    dst_node_id=self.population.node_for(int(partition_id), position),
+                    message_type=MessageType.TRAIN,
+                )
+            )
+        self._sampled = len(messages)
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        outcome = self.aggregate(server_round, replies)
+        return ArrayRecord(outcome.new_weights), MetricRecord(
+            {k: v for k, v in outcome.stats.items() if isinstance(v, (int, float))}
+        )
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        # Evaluation is central (global test set on the server, SPEC §8); clients only train.
+        return []
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    # ----- the aggregation of steps 5-6 -------------------------------------------------------------------------
+
+    def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
+        p = self.config.privacy
+        failed = rejected_nonfinite = rejected_shape = reclipped = 0
+        accepted: list[tuple[int, list[np.ndarray], dict[str, float]]] = []
+        received = 0
+        for reply in replies:
+            received += 1
+            if reply.has_error():
+                failed += 1
+                log(WARNING, "Round %d: a client failed: %s", server_round, reply.error.reason[:300])
+                continue
+            try:
+                update = reply.content["arrays"].to_numpy_ndarrays()
+                metrics = dict(reply.content["metrics"])
+                partition_id = int(metrics["partition_id"])
+            except (KeyError, TypeError, ValueError) as exc:
+                rejected_shape += 1
+                log(WARNING, "Round %d: malformed reply rejected (%s)", server_round, exc)
+                continue
+            if not mech.has_shapes(update, self._shapes):
+                rejected_shape += 1
+                log(WARNING, "Round %d: client %d sent wrong shapes; rejected", server_round, partition_id)
+                continue
+            if not mech.is_finite_update(update):
+                rejected_nonfinite += 1
+                log(WARNING, "Round %d: client %d sent NaN/Inf; rejected", server_round, partition_id)
+                continue
+            if self.private and p.placement == "server":
+                # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
+                update, server_norm = mech.clip_update(update, p.clip_norm)
+                reclipped += int(server_norm > p.clip_norm * (1 + 1e-5))
+            accepted.append((partition_id, update, metrics))
+
+        accepted.sort(key=lambda item: item[0])  # fixed summation order: same seed, same model
+        updates = [u for _, u, _ in accepted]
+        if self.private:
+            average = mech.uniform_average(updates, self.expected_clients, self._shapes)
+            rng = self._noise_rng(server_round)
+            if p.placement == "server":
+                std = mech.gaussian_noise_std(self.noise_multiplier, p.clip_norm, self.expected_clients, "server")
+            else:
+                std = mech.client_noise_topup_std(
+                    self.noise_multiplier, p.clip_norm, self.expected_clients, len(updates)
+                )
+            average = mech.add_gaussian_noise(average, std, rng)
+        else:
+            average = mech.uniform_average(updates, max(len(updates), 1), self._shapes)
+        eta = self.config.strategy.server_lr
+        new_weights = [
+            (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
+            for w, a in zip(self._global, average, strict=True)
+        ]
+
+        norms = [float(m["pre_clip_norm"]) for _, _, m in accepted]
+        stats: dict[str, Any] = {
+            "sampled": self._sampled,
+            "received": received,
+            "aggregated": len(accepted),
+            "failed": failed + (self._sampled - received),
+            "rejected_nonfinite": rejected_nonfinite,
+            "rejected_shape": rejected_shape,
+            "reclipped": reclipped,
+            "train_loss": _mean([m["train_loss"] for _, _, m in accepted]),
+            "train_accuracy": _mean([m["train_accuracy"] for _, _, m in accepted]),
+            # For the non-private references the statistics say what clipping at C would have done.
+            **mech.clipping_stats(norms, p.clip_norm),
+            "client_norms": norms,
+        }
+        return RoundOutcome(new_weights=new_weights, stats=stats)
+
+    # ----- the run -----------------------------------------------------------------------------------------------
+
+    def start(  # type: ignore[override]
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+        metrics: MetricsWriter | None = None,
+    ) -> Result:
+        """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`."""
+        self.summary()
+        self.population.connect(grid, timeout)
+        train_config = ConfigRecord() if train_config is None else train_config
+        p = self.config.privacy
+        result = Result()
+        arrays = initial_arrays
+        for server_round in range(1, num_rounds + 1):
+            if (
+                self.accountant is not None
+                and p.max_epsilon is not None
+                and self.accountant.would_exceed(p.max_epsilon, p.delta, self.noise_multiplier, p.sample_rate)
+            ):
+                next_eps = self.accountant.epsilon_after(1, self.noise_multiplier, p.sample_rate, p.delta)
+                self.stop_reason = (
+                    f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} "
+                    f"> max_epsilon={p.max_epsilon}"
+                )
+                log(WARNING, "Stopping before round %d: %s", server_round, self.stop_reason)
+                break
+            t0 = time.perf_counter()
+            replies = grid.send_and_receive(
+                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
+            )
+            outcome = self.aggregate(server_round, replies)
+            arrays = ArrayRecord(outcome.new_weights)
+            result.arrays = arrays
+            if self.accountant is not None:
+                self.accountant.step(self.noise_multiplier, p.sample_rate)
+            record: dict[str, Any] = {"round": server_round, **outcome.stats}
+            record["epsilon"] = self.epsilon() if self.private else None
+            record["delta"] = p.delta if self.private else None
+            record["noise_multiplier"] = self.noise_multiplier if self.private else None
+            if evaluate_fn is not None and (server_round % self.config.eval_every == 0 or server_round == num_rounds):
+                test_loss, test_acc = evaluate_fn(outcome.new_weights)
+                result.evaluate_metrics_serverapp[server_round] = MetricRecord(
+                    {"test_loss": test_loss, "test_accuracy": test_acc}
+                )
+            else:
+                test_loss = test_acc = math.nan
+            record["test_loss"], record["test_accuracy"] = test_loss, test_acc
+            record["wall_time_s"] = time.perf_counter() - t0
+            result.train_metrics_clientapp[server_round] = MetricRecord(
+                {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+            )
+            if metrics is not None:
+                metrics.write(record)
+        return result
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else math.nan

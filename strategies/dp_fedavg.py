@@ -1,0 +1,11 @@
+"""DP-FedAvg (McMahan et al., ICLR 2018): local SGD, then the client-level Gaussian mechanism of SPEC §2
+(journal Eqs. 10–11) with uniform, fixed-denominator aggregation."""
+
+from __future__ import annotations
+
+from strategies.base import FederatedStrategy
+
+
+class DPFedAvg(FederatedStrategy):
+    private = True
+    local_optimizer = "sgd"
