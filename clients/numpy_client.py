@@ -47,19 +47,17 @@ def _model(name: str, dataset: str, device: str) -> nn.Module:
 
 def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     train = _train_data(spec)
-    idx = torch.from_numpy(
-        np.asarray(
-            get_partition(
-                spec.dataset,
-                spec.data_dir or None,
-                spec.partition,
-                spec.num_clients,
-                spec.alpha,
-                spec.seed,
-                partition_id,
-            )
-        )
+    indices = get_partition(
+        spec.dataset,
+        spec.data_dir or None,
+        spec.partition,
+        spec.num_clients,
+        spec.alpha,
+        spec.seed,
+        partition_id,
+        num_samples=spec.max_train_samples or None,
     )
+    idx = torch.from_numpy(indices.copy())  # the cached partition is read-only; torch wants a writable array
     return train.x[idx], train.y[idx]
 
 

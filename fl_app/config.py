@@ -54,6 +54,8 @@ class DatasetConfig:
     partition: str
     alpha: float
     num_clients: int
+    max_train_samples: int | None
+    max_test_samples: int | None
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,10 @@ def _integer(section: Mapping[str, Any], key: str, prefix: str, minimum: int) ->
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
     _require(ok, f"{prefix}.{key}", value, f"an integer >= {minimum}")
     return int(value)  # type: ignore[arg-type]
+
+
+def _optional_integer(section: Mapping[str, Any], key: str, prefix: str, minimum: int) -> int | None:
+    return None if section.get(key) is None else _integer(section, key, prefix, minimum)
 
 
 def _choice(section: Mapping[str, Any], key: str, prefix: str, options: Iterable[str]) -> str:
@@ -210,6 +216,8 @@ def _validate_dataset(section: Mapping[str, Any]) -> DatasetConfig:
         partition=_choice(section, "partition", p, SCHEMES),
         alpha=_number(section, "alpha", p),
         num_clients=_integer(section, "num_clients", p, 1),
+        max_train_samples=_optional_integer(section, "max_train_samples", p, 1),
+        max_test_samples=_optional_integer(section, "max_test_samples", p, 1),
     )
     _require(cfg.alpha > 0, "dataset.alpha", cfg.alpha, "> 0")
     return cfg

@@ -33,6 +33,7 @@ class DataSpec:
     alpha: float
     num_clients: int
     seed: int
+    max_train_samples: int  # 0 = all
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class TrainInstructions:
     partition: str
     alpha: float
     num_clients: int
+    max_train_samples: int  # 0 = all (ConfigRecord has no None)
     model: str
     # local optimisation (SPEC §3)
     optimizer: Literal["sgd", "sam"]
@@ -77,6 +79,7 @@ class TrainInstructions:
             alpha=self.alpha,
             num_clients=self.num_clients,
             seed=self.seed,
+            max_train_samples=self.max_train_samples,
         )
 
     def to_config_record(self) -> ConfigRecord:
@@ -109,6 +112,7 @@ def make_train_instructions(
         partition=config.dataset.partition,
         alpha=config.dataset.alpha,
         num_clients=config.dataset.num_clients,
+        max_train_samples=config.dataset.max_train_samples or 0,
         model=config.model.name,
         optimizer=optimizer,
         local_epochs=c.local_epochs,

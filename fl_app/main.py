@@ -12,6 +12,7 @@ directory; the ServerApp/ClientApp it runs are exactly the ones ``flwr run`` use
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -52,7 +53,8 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
 
     # Fail on missing data here, with the how-to message, rather than inside a Ray worker.
     load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Hydra's root handler would print every Flower log line a second time.
+    logging.getLogger("flwr").propagate = False
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         run_simulation(

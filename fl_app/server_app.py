@@ -48,12 +48,14 @@ def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
     """Global test-set evaluation of the global model (SPEC §8), model and test set built once."""
     info = DATASETS[config.dataset.name]
     _, test = load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
+    n = config.dataset.max_test_samples or len(test)
+    test_x, test_y = test.x[:n], test.y[:n]
     device = resolve_device(config.simulation.device)
     model = build_model(config.model.name, info.num_classes, info.in_channels, seed=config.seed).to(device)
 
     def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, float]:
         set_weights(model, weights)
-        return evaluate(model, test.x, test.y, device)
+        return evaluate(model, test_x, test_y, device)
 
     return evaluate_fn
 

@@ -1,0 +1,146 @@
+"""Real Flower simulations on a small real Fashion-MNIST subset, through both front doors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fl_app.metrics import ROUND_FIELDS, read_metrics
+from fl_app.privacy.accounting import compute_epsilon
+from tests.integration.conftest import ROOT, SMALL, run_hydra, simulation_superlink
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROUNDS = 3
+DP_FEDSAM = ["strategy=dp_fedsam", f"num_rounds={ROUNDS}", *SMALL]
+
+
+def _completed(tmp: Path, overrides: list[str]) -> Path:
+    proc = run_hydra(tmp, overrides)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp / "out"
+
+
+@pytest.fixture(scope="module")
+def dp_fedsam_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _completed(tmp_path_factory.mktemp("dpfedsam_a"), DP_FEDSAM)
+
+
+@pytest.fixture(scope="module")
+def dp_fedsam_rerun(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _completed(tmp_path_factory.mktemp("dpfedsam_b"), DP_FEDSAM)
+
+
+@pytest.fixture(scope="module")
+def fedavg_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _completed(tmp_path_factory.mktemp("fedavg"), ["strategy=fedavg", f"num_rounds={ROUNDS}", "client.local_epochs=3", *SMALL])
+
+
+def _comparable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall_time_s"} for r in records]
+
+
+def test_dp_fedsam_writes_metrics_run_metadata_and_model(dp_fedsam_run: Path) -> None:
+    records = read_metrics(dp_fedsam_run / "metrics.jsonl")
+    assert [r["round"] for r in records] == list(range(1, ROUNDS + 1))
+    delta = 1 / 50
+    for r in records:
+        assert set(ROUND_FIELDS) <= set(r)
+        # ε every round, from the accountant of the sampling actually used (Poisson, q = 0.2, δ = 1/M).
+        assert r["epsilon"] == pytest.approx(compute_epsilon(0.95, 0.2, r["round"], delta), rel=1e-9)
+        assert r["delta"] == pytest.approx(delta)
+        assert r["sampled"] == r["received"] == r["aggregated"] > 0
+        assert r["failed"] == r["rejected_nonfinite"] == r["rejected_shape"] == r["reclipped"] == 0
+        assert 0 <= r["test_accuracy"] <= 1 and math.isfinite(r["test_loss"])
+        assert len(r["client_norms"]) == r["aggregated"]
+        assert r["norm_max"] >= r["norm_median"] > 0
+        assert 0 < r["alpha_mean"] <= 1 and 0 <= r["fraction_clipped"] <= 1
+    meta = json.loads((dp_fedsam_run / "run.json").read_text())
+    assert meta["status"] == "completed"
+    assert meta["strategy"] == "DPFedSAM"
+    assert meta["accountant"] == "rdp" and meta["epsilon"] == pytest.approx(records[-1]["epsilon"])
+    assert meta["dp_guarantee"].startswith("client-level (")
+    model = np.load(dp_fedsam_run / "final_model.npz")
+    assert sum(model[k].size for k in model.files) == meta["num_parameters"] == 1_663_370
+
+
+def test_same_config_and_seed_give_the_same_metrics_and_model(dp_fedsam_run: Path, dp_fedsam_rerun: Path) -> None:
+    first = read_metrics(dp_fedsam_run / "metrics.jsonl")
+    second = read_metrics(dp_fedsam_rerun / "metrics.jsonl")
+    assert _comparable(first) == _comparable(second)
+    a, b = np.load(dp_fedsam_run / "final_model.npz"), np.load(dp_fedsam_rerun / "final_model.npz")
+    assert a.files == b.files
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+def test_non_private_fedavg_beats_chance_by_a_wide_margin(fedavg_run: Path) -> None:
+    records = read_metrics(fedavg_run / "metrics.jsonl")
+    assert records[-1]["test_accuracy"] > 0.55  # 10 classes: chance is 0.1 (measured: 0.639)
+    assert records[-1]["epsilon"] is None
+    meta = json.loads((fedavg_run / "run.json").read_text())
+    assert meta["dp_guarantee"].startswith("none")
+
+
+def test_dp_fedsam_learns_something(dp_fedsam_run: Path) -> None:
+    records = read_metrics(dp_fedsam_run / "metrics.jsonl")
+    assert records[-1]["test_accuracy"] > 0.15  # above chance after 3 noisy rounds
+
+
+def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Path, dp_fedsam_run: Path) -> None:
+    out = short_tmp / "flwr_out"
+    run_config = (
+        f"num_rounds={ROUNDS} overrides='{' '.join(SMALL)}' output_dir='{out}'"  # same config and seed
+    )
+    with simulation_superlink(short_tmp) as (connection, env):
+        proc = subprocess.run(
+            [
+                "flwr",
+                "run",
+                ".",
+                connection,
+                "--federation-config",
+                "num-supernodes=2 client-resources-num-cpus=1",
+                "--run-config",
+                run_config,
+                "--stream",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (out / "final_model.npz").exists(), proc.stdout[-3000:]
+    assert _comparable(read_metrics(out / "metrics.jsonl")) == _comparable(
+        read_metrics(dp_fedsam_run / "metrics.jsonl")
+    )
+    a, b = np.load(out / "final_model.npz"), np.load(dp_fedsam_run / "final_model.npz")
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("privacy.clip_norm=0", "privacy.clip_norm"),
+        ("privacy.noise_multiplier=-1", "privacy.noise_multiplier"),
+        ("privacy.sample_rate=1.5", "privacy.sample_rate"),
+        ("strategy=no_such_strategy", "strategy"),
+    ],
+)
+def test_invalid_config_fails_with_one_clear_message_before_ray(short_tmp: Path, override: str, key: str) -> None:
+    start = time.monotonic()
+    proc = run_hydra(short_tmp, [override], timeout=120)
+    assert proc.returncode != 0
+    assert key in proc.stderr
+    assert "Ray" not in proc.stdout + proc.stderr and "ActorPool" not in proc.stdout + proc.stderr
+    assert not (short_tmp / "out" / "metrics.jsonl").exists()
+    assert time.monotonic() - start < 60
