@@ -16,10 +16,10 @@ from torch import nn
 
 from clients.recipes import privatize_update
 from clients.training import LocalTrainingConfig, train_local
-from fl_app.data.datasets import DATASETS, TensorData, load_dataset
+from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
-from fl_app.models import build_model, get_weights, set_weights
+from fl_app.models import build_model_for_dataset, get_weights, set_weights
 from fl_app.privacy.mechanisms import make_rng
 
 
@@ -40,9 +40,8 @@ def _train_data(spec: DataSpec) -> TensorData:
 
 @functools.lru_cache(maxsize=4)
 def _model(name: str, dataset: str, device: str) -> nn.Module:
-    info = DATASETS[dataset]
     # The initial weights are overwritten by the global model every round; the seed only fixes the build.
-    return build_model(name, info.num_classes, info.in_channels, seed=0).to(device)
+    return build_model_for_dataset(name, dataset, seed=0).to(device)
 
 
 def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:

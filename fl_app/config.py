@@ -256,6 +256,14 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
     _require(max_eps is None or (_finite(max_eps) and max_eps > 0), "privacy.max_epsilon", max_eps, "> 0 or null")
     target = section.get("target_epsilon")
     _require(target is None or (_finite(target) and target > 0), "privacy.target_epsilon", target, "> 0 or null")
+    accountant = _choice(section, "accountant", p, ("rdp", "prv", "pld"))
+    # Opacus' PRV and dp_accounting's PLD have no event for sampling without replacement.
+    _require(
+        not (sampling == "fixed" and accountant != "rdp"),
+        "privacy.accountant",
+        accountant,
+        "rdp with sampling=fixed (prv and pld account Poisson sampling only)",
+    )
     placement = _choice(section, "placement", p, ("client", "server"))
     # With Poisson sampling the total client-side noise variance n*sigma^2*C^2/m reveals the number of
     # participants n (measurable to ~sqrt(2/d) over d coordinates); the sampled Gaussian accountant does not
@@ -272,7 +280,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         sample_rate=q,
         sampling=sampling,  # type: ignore[arg-type]
         placement=placement,  # type: ignore[arg-type]
-        accountant=_choice(section, "accountant", p, ("rdp", "prv", "pld")),  # type: ignore[arg-type]
+        accountant=accountant,  # type: ignore[arg-type]
         delta=float(delta),
         max_epsilon=None if max_eps is None else float(max_eps),
         target_epsilon=None if target is None else float(target),

@@ -49,9 +49,11 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     from flwr.simulation import run_simulation
 
     from fl_app.client_app import app as client_app
-    from fl_app.server_app import make_server_app
+    from fl_app.server_app import build_strategy, make_server_app
 
-    # Fail on missing data here, with the how-to message, rather than inside a Ray worker.
+    # Pre-flight, before Ray starts: noise calibration and the accountant are set up here (an unreachable
+    # target epsilon fails now), and missing data fails with the how-to message rather than inside a worker.
+    build_strategy(config)
     load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
     # Hydra's root handler would print every Flower log line a second time.
     logging.getLogger("flwr").propagate = False
@@ -77,7 +79,7 @@ def main(cfg: DictConfig) -> float:
     output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
     try:
         run(config, output_dir)
-    except DatasetUnavailableError as exc:
+    except (DatasetUnavailableError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     from fl_app.metrics import read_metrics

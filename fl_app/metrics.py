@@ -24,6 +24,7 @@ ROUND_FIELDS = (
     "received",
     "aggregated",
     "failed",
+    "rejected_malformed",
     "rejected_nonfinite",
     "rejected_shape",
     "reclipped",

@@ -30,6 +30,7 @@ __all__ = [
     "CNN",
     "MODELS",
     "build_model",
+    "build_model_for_dataset",
     "get_weights",
     "resnet18_gn",
     "set_weights",
@@ -65,10 +66,11 @@ class CNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def resnet18_gn(num_classes: int, in_channels: int = 3, groups: int = 2) -> nn.Module:
+def resnet18_gn(num_classes: int, in_channels: int = 3, groups: int = 2, image_size: int = 32) -> nn.Module:
     """ResNet-18, CIFAR variant (3×3 stride-1 stem conv, no max-pool), GroupNorm with ``groups`` groups.
 
-    Every normalised width in ResNet-18 (64…512) is divisible by the default 2 groups.
+    Every normalised width in ResNet-18 (64…512) is divisible by the default 2 groups. ``image_size`` is accepted
+    for a uniform model signature; global average pooling makes the network size-agnostic.
     """
     model = resnet18(weights=None, num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(groups, c))
     # The ImageNet stem (7×7 stride 2 + max-pool) would shrink 32×32 inputs to 8×8 before the first block.
@@ -98,6 +100,14 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int, **kwar
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.default_generator.manual_seed(int(seed))
         return factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
+
+
+def build_model_for_dataset(name: str, dataset: str, seed: int) -> nn.Module:
+    """Model ``name`` shaped for ``dataset`` (classes, input channels and image size of ``DATASETS[dataset]``)."""
+    from fl_app.data.datasets import DATASETS
+
+    info = DATASETS[dataset]
+    return build_model(name, info.num_classes, info.in_channels, seed, image_size=info.image_size)
 
 
 def _exchanged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:

@@ -25,9 +25,9 @@ from hydra.utils import get_class
 from clients.numpy_client import resolve_device
 from clients.training import evaluate
 from fl_app.config import AppConfig, compose_config, overrides_from_run_config
-from fl_app.data.datasets import DATASETS, load_dataset
+from fl_app.data.datasets import load_dataset
 from fl_app.metrics import MetricsWriter, write_json_atomic
-from fl_app.models import build_model, get_weights, set_weights, weight_names
+from fl_app.models import build_model_for_dataset, get_weights, set_weights, weight_names
 from strategies.base import EvaluateFn, FederatedStrategy
 
 RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"
@@ -46,12 +46,11 @@ def build_strategy(config: AppConfig) -> FederatedStrategy:
 
 def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
     """Global test-set evaluation of the global model (SPEC §8), model and test set built once."""
-    info = DATASETS[config.dataset.name]
     _, test = load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
     n = config.dataset.max_test_samples or len(test)
     test_x, test_y = test.x[:n], test.y[:n]
     device = resolve_device(config.simulation.device)
-    model = build_model(config.model.name, info.num_classes, info.in_channels, seed=config.seed).to(device)
+    model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed).to(device)
 
     def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, float]:
         set_weights(model, weights)
@@ -76,8 +75,7 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
     output_dir.mkdir(parents=True, exist_ok=True)
     log(INFO, "Run output directory: %s", output_dir)
     strategy = build_strategy(config)
-    info = DATASETS[config.dataset.name]
-    model = build_model(config.model.name, info.num_classes, info.in_channels, seed=config.seed)
+    model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)
     initial = get_weights(model)
     evaluate_fn = make_evaluate_fn(config)
     meta: dict[str, Any] = {

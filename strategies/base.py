@@ -44,6 +44,9 @@ from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
 from strategies.population import Population
 
+#: Metrics every client reply must carry (clients/numpy_client.py writes them).
+REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
+
 EvaluateFn = Callable[[list[np.ndarray]], tuple[float, float]]
 
 
@@ -99,6 +102,7 @@ class FederatedStrategy(Strategy):
         self._shapes: list[tuple[int, ...]] = []
         self._global: list[np.ndarray] = []
         self._sampled = 0
+        self._awaiting: set[int] = set()
         self.stop_reason: str | None = None
 
     # ----- what the run reports about its guarantee -----------------------------------------------------------
@@ -204,6 +208,7 @@ class FederatedStrategy(Strategy):
                 )
             )
         self._sampled = len(messages)
+        self._awaiting = set(sampled.tolist())
         return messages
 
     def aggregate_train(
@@ -225,33 +230,44 @@ class FederatedStrategy(Strategy):
 
     # ----- the aggregation of steps 5-6 -------------------------------------------------------------------------
 
+    def screen_reply(self, reply: Message) -> tuple[str, Any]:
+        """Classify one reply as ("ok", (partition_id, update, metrics)) or (rejection kind, reason).
+
+        Nothing a client sends is trusted: an error, a missing or malformed field, a partition that was not
+        sampled this round (or answers twice), wrong shapes or dtypes, or NaN/Inf anywhere rejects the reply.
+        """
+        if reply.has_error():
+            return "failed", reply.error.reason[:300]
+        try:
+            update = reply.content["arrays"].to_numpy_ndarrays()
+            metrics = {k: float(reply.content["metrics"][k]) for k in REQUIRED_CLIENT_METRICS}
+        except (KeyError, TypeError, ValueError) as exc:
+            return "malformed", f"missing or non-numeric field ({exc!r})"
+        partition_id = int(metrics["partition_id"])
+        if metrics["partition_id"] != partition_id or partition_id not in self._awaiting:
+            return "malformed", f"partition {metrics['partition_id']} was not sampled or already answered"
+        if not mech.has_shapes(update, self._shapes) or not all(np.issubdtype(u.dtype, np.floating) for u in update):
+            return "shape", f"client {partition_id} sent wrong shapes or dtypes"
+        if not mech.is_finite_update(update):
+            return "nonfinite", f"client {partition_id} sent NaN/Inf"
+        if not (math.isfinite(metrics["pre_clip_norm"]) and metrics["pre_clip_norm"] >= 0):
+            return "malformed", f"pre_clip_norm={metrics['pre_clip_norm']}"
+        self._awaiting.discard(partition_id)
+        return "ok", (partition_id, update, metrics)
+
     def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
         p = self.config.privacy
-        failed = rejected_nonfinite = rejected_shape = reclipped = 0
+        counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
+        reclipped = received = 0
         accepted: list[tuple[int, list[np.ndarray], dict[str, float]]] = []
-        received = 0
         for reply in replies:
             received += 1
-            if reply.has_error():
-                failed += 1
-                log(WARNING, "Round %d: a client failed: %s", server_round, reply.error.reason[:300])
+            kind, payload = self.screen_reply(reply)
+            if kind != "ok":
+                counts[kind] += 1
+                log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, payload)
                 continue
-            try:
-                update = reply.content["arrays"].to_numpy_ndarrays()
-                metrics = dict(reply.content["metrics"])
-                partition_id = int(metrics["partition_id"])
-            except (KeyError, TypeError, ValueError) as exc:
-                rejected_shape += 1
-                log(WARNING, "Round %d: malformed reply rejected (%s)", server_round, exc)
-                continue
-            if not mech.has_shapes(update, self._shapes):
-                rejected_shape += 1
-                log(WARNING, "Round %d: client %d sent wrong shapes; rejected", server_round, partition_id)
-                continue
-            if not mech.is_finite_update(update):
-                rejected_nonfinite += 1
-                log(WARNING, "Round %d: client %d sent NaN/Inf; rejected", server_round, partition_id)
-                continue
+            partition_id, update, metrics = payload
             if self.private and p.placement == "server":
                 # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
                 update, server_norm = mech.clip_update(update, p.clip_norm)
@@ -283,9 +299,10 @@ class FederatedStrategy(Strategy):
             "sampled": self._sampled,
             "received": received,
             "aggregated": len(accepted),
-            "failed": failed + (self._sampled - received),
-            "rejected_nonfinite": rejected_nonfinite,
-            "rejected_shape": rejected_shape,
+            "failed": counts["failed"] + (self._sampled - received),
+            "rejected_malformed": counts["malformed"],
+            "rejected_nonfinite": counts["nonfinite"],
+            "rejected_shape": counts["shape"],
             "reclipped": reclipped,
             "train_loss": _mean([m["train_loss"] for _, _, m in accepted]),
             "train_accuracy": _mean([m["train_accuracy"] for _, _, m in accepted]),
@@ -359,4 +376,5 @@ class FederatedStrategy(Strategy):
 
 
 def _mean(values: list[float]) -> float:
-    return float(np.mean(values)) if values else math.nan
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan

@@ -241,9 +241,7 @@ def test_cifar100_generated(tmp_path: Path) -> None:
 
     train, test = load_dataset("cifar100", str(tmp_path))
     assert train.x.shape == (6, 3, 32, 32) and test.x.shape == (2, 3, 32, 32)
-    torch.testing.assert_close(
-        test.x, _expected_normalised(split_data["test"][0].reshape(-1, 3, 32, 32), "cifar100")
-    )
+    torch.testing.assert_close(test.x, _expected_normalised(split_data["test"][0].reshape(-1, 3, 32, 32), "cifar100"))
     assert labels_of(train).tolist() == split_data["train"][1]  # fine labels, 100 classes
 
 

@@ -135,9 +135,7 @@ def fake_dataset(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, st
     partition_mod._cached_partitions.cache_clear()
 
 
-def test_get_partition_cached_and_consistent(
-    fake_dataset: list[tuple[str, str | None]], tmp_path: Path
-) -> None:
+def test_get_partition_cached_and_consistent(fake_dataset: list[tuple[str, str | None]], tmp_path: Path) -> None:
     args = ("fake", str(tmp_path), "dirichlet", 20, 0.5, 11)
     first = get_partition(*args, partition_id=3)
     again = get_partition(*args, partition_id=3)

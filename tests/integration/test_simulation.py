@@ -39,7 +39,9 @@ def dp_fedsam_rerun(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def fedavg_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _completed(tmp_path_factory.mktemp("fedavg"), ["strategy=fedavg", f"num_rounds={ROUNDS}", "client.local_epochs=3", *SMALL])
+    return _completed(
+        tmp_path_factory.mktemp("fedavg"), ["strategy=fedavg", f"num_rounds={ROUNDS}", "client.local_epochs=3", *SMALL]
+    )
 
 
 def _comparable(records: list[dict]) -> list[dict]:
@@ -95,9 +97,7 @@ def test_dp_fedsam_learns_something(dp_fedsam_run: Path) -> None:
 
 def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Path, dp_fedsam_run: Path) -> None:
     out = short_tmp / "flwr_out"
-    run_config = (
-        f"num_rounds={ROUNDS} overrides='{' '.join(SMALL)}' output_dir='{out}'"  # same config and seed
-    )
+    run_config = f"num_rounds={ROUNDS} overrides='{' '.join(SMALL)}' output_dir='{out}'"  # same config and seed
     with simulation_superlink(short_tmp) as (connection, env):
         proc = subprocess.run(
             [

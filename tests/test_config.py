@@ -1,0 +1,356 @@
+"""Tests for fl_app/config.py: the composed Hydra config, its validation (one ConfigError naming the key and the
+allowed range), and the ``flwr run`` front door (run-config → Hydra overrides), which must not drift from
+conf/config.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from fl_app.config import (
+    CONF_DIR,
+    GROUP_KEYS,
+    SCALAR_KEYS,
+    AppConfig,
+    ConfigError,
+    compose_config,
+    load_app_config,
+    overrides_from_run_config,
+    validate,
+)
+from fl_app.data.datasets import DATASETS
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10 (pytest depends on tomli there)
+    import tomli as tomllib
+
+PYPROJECT = CONF_DIR.parent / "pyproject.toml"
+STRATEGIES = ("dp_fedavg", "dp_fedsam", "fedavg", "fedsam")
+
+
+def run_config_defaults() -> dict:
+    with PYPROJECT.open("rb") as fh:
+        return dict(tomllib.load(fh)["tool"]["flwr"]["app"]["config"])
+
+
+def hydra_group_defaults() -> dict[str, str]:
+    """The group choices of conf/config.yaml's defaults list."""
+    raw = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
+    choices: dict[str, str] = {}
+    for entry in raw["defaults"]:
+        if isinstance(entry, dict):
+            ((group, choice),) = entry.items()
+            choices[group] = choice
+    return choices
+
+
+def raw_composed(overrides=()) -> dict:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+# ----- defaults ---------------------------------------------------------------------------------------------------
+
+
+def test_default_config_composes_and_validates():
+    config = compose_config([])
+    assert isinstance(config, AppConfig)
+    assert config.strategy.name == "dp_fedsam"
+    assert config.strategy.target == "strategies.dp_fedsam.DPFedSAM"
+    assert config.strategy.server_lr == 1.0
+    assert config.dataset.name == "fashion_mnist"
+    assert config.dataset.num_clients == 500
+    assert config.model.name == "cnn"
+    p = config.privacy
+    assert p.clip_norm == 0.2
+    assert p.noise_multiplier == 0.95
+    assert p.sample_rate == 0.1
+    assert p.sampling == "poisson"
+    assert p.placement == "server"
+    assert p.accountant == "rdp"
+    assert p.delta == pytest.approx(1 / 500)
+    assert p.max_epsilon is None and p.target_epsilon is None
+    assert p.secure_noise is False
+    assert config.client.momentum == 0.5 and config.client.weight_decay == 5e-4 and config.client.rho == 0.05
+    assert config.client.adaptive is False
+    assert (config.seed, config.num_rounds, config.eval_every, config.population) == (0, 20, 1, "virtual")
+    assert config.output_dir is None
+
+
+def test_delta_defaults_to_one_over_population_and_can_be_set():
+    assert compose_config(["dataset.num_clients=80"]).privacy.delta == pytest.approx(1 / 80)
+    assert compose_config(["privacy.delta=1e-5"]).privacy.delta == 1e-5
+
+
+def test_the_same_config_through_every_validation_entry():
+    reference = compose_config([])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config")
+    assert load_app_config(cfg) == reference
+    raw = OmegaConf.to_container(cfg, resolve=True)
+    assert validate(raw) == reference
+    assert load_app_config(raw) == reference
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_group_option_composes(name):
+    config = compose_config([f"strategy={name}"])
+    assert config.strategy.name == name
+    module, _, cls = config.strategy.target.rpartition(".")
+    assert module.startswith("strategies.") and cls
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["privacy.sample_rate=1"],
+        ["privacy.noise_multiplier=0"],
+        ["privacy.sampling=fixed"],  # q*M = 0.1 * 500 = 50
+        ["privacy.sampling=fixed", "privacy.placement=client"],
+        ["privacy.max_epsilon=8", "privacy.target_epsilon=4"],
+        ["privacy.accountant=prv"],
+        ["privacy.accountant=pld"],
+        ["dataset=cifar10", "model=resnet18"],
+    ],
+)
+def test_valid_edge_values_are_accepted(overrides):
+    compose_config(overrides)
+
+
+# ----- invalid values ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "allowed"),
+    [
+        (["privacy.clip_norm=0"], "privacy.clip_norm", "C > 0"),
+        (["privacy.clip_norm=-1"], "privacy.clip_norm", "C > 0"),
+        (["privacy.clip_norm=nan"], "privacy.clip_norm", "finite"),
+        (["privacy.clip_norm=true"], "privacy.clip_norm", "finite"),
+        (["privacy.noise_multiplier=-0.1"], "privacy.noise_multiplier", "sigma >= 0"),
+        (["privacy.noise_multiplier=nan"], "privacy.noise_multiplier", "finite"),
+        (["privacy.noise_multiplier=inf"], "privacy.noise_multiplier", "finite"),
+        (["privacy.sample_rate=0"], "privacy.sample_rate", "(0, 1]"),
+        (["privacy.sample_rate=1.5"], "privacy.sample_rate", "(0, 1]"),
+        (["privacy.sample_rate=nan"], "privacy.sample_rate", "finite"),
+        (["privacy.delta=2"], "privacy.delta", "(0, 1)"),
+        (["privacy.delta=0"], "privacy.delta", "(0, 1)"),
+        (["privacy.delta=nan"], "privacy.delta", "(0, 1)"),
+        (["privacy.sampling=fixed", "privacy.sample_rate=0.013"], "privacy.sample_rate", "whole number"),
+        (["privacy.sampling=fixed", "privacy.sample_rate=0.001"], "privacy.sample_rate", "whole number >= 1"),
+        (["privacy.sampling=uniform"], "privacy.sampling", "poisson, fixed"),
+        (["privacy.placement=both"], "privacy.placement", "client, server"),
+        (["privacy.accountant=gdp"], "privacy.accountant", "rdp, prv, pld"),
+        (["privacy.max_epsilon=0"], "privacy.max_epsilon", "> 0"),
+        (["privacy.target_epsilon=-1"], "privacy.target_epsilon", "> 0"),
+        (["privacy.secure_noise=maybe"], "privacy.secure_noise", "true or false"),
+        (["client.lr=0"], "client.lr", "> 0"),
+        (["client.lr=nan"], "client.lr", "finite"),
+        (["client.momentum=1"], "client.momentum", "[0, 1)"),
+        (["client.lr_decay=0"], "client.lr_decay", "(0, 1]"),
+        (["client.rho=-0.1"], "client.rho", ">= 0"),
+        (["client.local_epochs=0"], "client.local_epochs", ">= 1"),
+        (["client.batch_size=1.5"], "client.batch_size", "integer"),
+        (["dataset.alpha=0"], "dataset.alpha", "> 0"),
+        (["dataset.alpha=nan"], "dataset.alpha", "finite"),
+        (["dataset.num_clients=0"], "dataset.num_clients", "integer >= 1"),
+        (["dataset.name=foo"], "dataset.name", "fashion_mnist, emnist, cifar10, cifar100"),
+        (["dataset.partition=foo"], "dataset.partition", "dirichlet"),
+        (["model.name=foo"], "model.name", "cnn, resnet18"),
+        (["strategy.server_lr=0"], "strategy.server_lr", "> 0"),
+        (["strategy._target_=fl_app.config.AppConfig"], "strategy._target_", "FederatedStrategy"),
+        (["simulation.client_gpus=2"], "simulation.client_gpus", "[0, 1]"),
+        (["simulation.device=tpu"], "simulation.device", "auto, cpu, cuda"),
+        (["num_rounds=0"], "num_rounds", "integer >= 1"),
+        (["eval_every=0"], "eval_every", "integer >= 1"),
+        (["seed=-1"], "seed", "integer >= 0"),
+        (["population=all"], "population", "virtual, nodes"),
+        (["round_timeout=0"], "round_timeout", "> 0"),
+    ],
+)
+def test_invalid_value_names_key_and_allowed_range(overrides, key, allowed):
+    with pytest.raises(ConfigError) as info:
+        compose_config(overrides)
+    message = str(info.value)
+    assert f"{key}=" in message
+    assert allowed in message
+
+
+def test_client_placement_with_poisson_sampling_is_rejected():
+    with pytest.raises(ConfigError) as info:
+        compose_config(["privacy.placement=client"])
+    message = str(info.value)
+    assert "privacy.placement" in message and "sampling=fixed" in message
+
+
+def test_unknown_strategy_lists_the_available_ones():
+    with pytest.raises(ConfigError) as info:
+        compose_config(["strategy=nonexistent"])
+    message = str(info.value)
+    assert "strategy" in message and "nonexistent" in message
+    for name in STRATEGIES:
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "known"),
+    [
+        ("+privacy.foo=1", "privacy.foo", "clip_norm"),
+        ("+client.bar=2", "client.bar", "lr"),
+        ("+dataset.baz=3", "dataset.baz", "num_clients"),
+        ("+foo=1", "foo", "num_rounds"),
+        ("privacy.foo=1", "privacy.foo", None),  # without '+': Hydra refuses to add the key
+    ],
+)
+def test_unknown_key_is_rejected(override, key, known):
+    with pytest.raises(ConfigError) as info:
+        compose_config([override])
+    message = str(info.value)
+    assert key in message
+    if known is not None:
+        assert "unknown config key" in message and known in message
+
+
+def test_missing_group_is_rejected():
+    raw = raw_composed()
+    del raw["privacy"]
+    with pytest.raises(ConfigError, match="privacy"):
+        validate(raw)
+
+
+@pytest.mark.parametrize("accountant", ["prv", "pld"])
+def test_fixed_sampling_with_unsupported_accountant_fails_at_validation(accountant):
+    from hydra.utils import get_class
+
+    overrides = ["privacy.sampling=fixed", f"privacy.accountant={accountant}"]
+    try:
+        config = compose_config(overrides)
+    except ConfigError as exc:
+        assert "privacy.accountant" in str(exc)
+        return
+    # If validation accepts it, the run must be able to start with it.
+    get_class(config.strategy.target)(config)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "model"),
+    [("fashion_mnist", "cnn"), ("emnist", "cnn"), ("fashion_mnist", "resnet18"), ("cifar10", "resnet18")],
+)
+def test_validated_dataset_model_pair_is_runnable(dataset, model):
+    _check_model_accepts_dataset(dataset, model)
+
+
+@pytest.mark.parametrize("dataset", ["cifar10", "cifar100"])
+def test_cnn_on_cifar_is_rejected_or_runnable(dataset):
+    _check_model_accepts_dataset(dataset, "cnn")
+
+
+def _check_model_accepts_dataset(dataset: str, model: str) -> None:
+    """A config that validates must be runnable: the client's model takes a batch of the dataset's images."""
+    from clients.numpy_client import _model
+
+    try:
+        config = compose_config([f"dataset={dataset}", f"model={model}"])
+    except ConfigError as exc:
+        assert "model" in str(exc)
+        return
+    info = DATASETS[config.dataset.name]
+    net = _model(config.model.name, config.dataset.name, "cpu")
+    with torch.no_grad():
+        out = net(torch.zeros(2, info.in_channels, info.image_size, info.image_size))
+    assert tuple(out.shape) == (2, info.num_classes)
+
+
+# ----- the flwr run front door ----------------------------------------------------------------------------------
+
+
+def test_overrides_from_run_config_maps_groups_scalars_and_overrides():
+    run_config = {
+        "overrides": "privacy.clip_norm=0.5 dataset.alpha=0.3",
+        "num_rounds": 5,
+        "strategy": "dp_fedavg",
+        "seed": 3,
+        "privacy": "default",
+        "round_timeout": 60.0,
+        "output_dir": "",
+    }
+    overrides = overrides_from_run_config(run_config)
+    assert overrides == [
+        "strategy=dp_fedavg",
+        "privacy=default",
+        "seed=3",
+        "num_rounds=5",
+        "round_timeout=60.0",
+        "privacy.clip_norm=0.5",
+        "dataset.alpha=0.3",
+    ]
+    config = compose_config(overrides)
+    assert config.strategy.name == "dp_fedavg"
+    assert (config.seed, config.num_rounds, config.round_timeout) == (3, 5, 60.0)
+    assert config.privacy.clip_norm == 0.5
+    assert config.dataset.alpha == 0.3
+    assert config.output_dir is None
+
+
+def test_run_config_output_dir_and_empty_mapping():
+    assert overrides_from_run_config({}) == []
+    assert overrides_from_run_config({"output_dir": "runs/x"}) == ["output_dir=runs/x"]
+    assert compose_config(overrides_from_run_config({"output_dir": "runs/x"})).output_dir == "runs/x"
+
+
+def test_unknown_run_config_key_is_rejected():
+    with pytest.raises(ConfigError, match="clip_norm"):
+        overrides_from_run_config({"strategy": "fedavg", "clip_norm": 0.5})
+
+
+def test_run_config_overrides_must_be_a_string():
+    with pytest.raises(ConfigError, match="overrides"):
+        overrides_from_run_config({"overrides": 5})
+
+
+def test_invalid_value_through_the_run_config_is_rejected():
+    with pytest.raises(ConfigError, match="num_rounds=0"):
+        compose_config(overrides_from_run_config({"num_rounds": 0}))
+    with pytest.raises(ConfigError, match=r"privacy\.clip_norm"):
+        compose_config(overrides_from_run_config({"overrides": "privacy.clip_norm=-1"}))
+
+
+def test_pyproject_run_config_keys_are_exactly_the_front_door_keys():
+    assert set(run_config_defaults()) == set(GROUP_KEYS) | set(SCALAR_KEYS) | {"overrides", "output_dir"}
+
+
+def test_pyproject_group_choices_equal_the_hydra_defaults_list():
+    defaults = run_config_defaults()
+    groups = hydra_group_defaults()
+    assert set(groups) == set(GROUP_KEYS)
+    assert {key: defaults[key] for key in GROUP_KEYS} == groups
+
+
+def test_pyproject_scalars_equal_the_hydra_defaults():
+    defaults = run_config_defaults()
+    raw_yaml = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml"))
+    composed = compose_config([])
+    for key in SCALAR_KEYS:
+        value = defaults[key]
+        assert value == raw_yaml[key], key
+        assert value == getattr(composed, key), key
+        assert type(value) is type(getattr(composed, key)), key
+    assert defaults["overrides"] == ""
+    assert defaults["output_dir"] == "" and raw_yaml["output_dir"] is None
+
+
+def test_composing_from_pyproject_defaults_gives_the_default_config():
+    from_pyproject = compose_config(overrides_from_run_config(run_config_defaults()))
+    assert from_pyproject == compose_config([])
+    # Not vacuous: every field compared, including floats that must not be NaN.
+    for field in dataclasses.fields(from_pyproject.privacy):
+        value = getattr(from_pyproject.privacy, field.name)
+        assert not (isinstance(value, float) and math.isnan(value))
