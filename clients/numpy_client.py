@@ -68,7 +68,6 @@ class DPClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         ins = TrainInstructions.from_config(config)
-        torch.set_num_threads(ins.num_threads)
         device = resolve_device(ins.device)
         x, y = client_data(ins.data_spec, self.partition_id)
         model = _model(ins.model, ins.dataset, str(device))

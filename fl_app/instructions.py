@@ -65,9 +65,8 @@ class TrainInstructions:
     noise_multiplier: float
     expected_clients: float
     secure_noise: bool
-    # execution
+    # execution (torch threads: Ray sets OMP_NUM_THREADS to the CPUs it assigns a ClientApp; a SuperNode uses all)
     device: str
-    num_threads: int
 
     @property
     def data_spec(self) -> DataSpec:
@@ -129,5 +128,4 @@ def make_train_instructions(
         expected_clients=expected_clients,
         secure_noise=config.privacy.secure_noise,
         device=config.simulation.device,
-        num_threads=max(1, int(config.simulation.client_cpus)),
     )

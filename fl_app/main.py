@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import sys
-import warnings
 from pathlib import Path
 
 import hydra
@@ -44,27 +43,31 @@ def backend_config(config: AppConfig) -> dict:
     }
 
 
+def preflight(config: AppConfig) -> None:
+    """Checks that must fail before Ray starts: noise calibration and the accountant are set up (an unreachable
+    target epsilon raises ValueError), and missing data raises DatasetUnavailableError with the how-to message."""
+    from fl_app.server_app import build_strategy
+
+    build_strategy(config)
+    load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
+
+
 def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> None:
-    """Run one simulation of ``config`` (already validated) writing into ``output_dir``."""
+    """Run one simulation of ``config`` (validated, and :func:`preflight`-checked) writing into ``output_dir``."""
     from flwr.simulation import run_simulation
 
     from fl_app.client_app import app as client_app
-    from fl_app.server_app import build_strategy, make_server_app
+    from fl_app.server_app import make_server_app
 
-    # Pre-flight, before Ray starts: noise calibration and the accountant are set up here (an unreachable
-    # target epsilon fails now), and missing data fails with the how-to message rather than inside a worker.
-    build_strategy(config)
-    load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
     # Hydra's root handler would print every Flower log line a second time.
     logging.getLogger("flwr").propagate = False
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        run_simulation(
-            server_app=make_server_app(config, output_dir, progress=progress),
-            client_app=client_app,
-            num_supernodes=simulation_nodes(config),
-            backend_config=backend_config(config),
-        )
+    # Flower logs a deprecation warning for run_simulation here; see the module docstring and README.
+    run_simulation(
+        server_app=make_server_app(config, output_dir, progress=progress),
+        client_app=client_app,
+        num_supernodes=simulation_nodes(config),
+        backend_config=backend_config(config),
+    )
     if not (output_dir / "final_model.npz").exists():
         raise RuntimeError(f"the simulation did not complete; see the log above and {output_dir}/run.json")
 
@@ -73,15 +76,12 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
 def main(cfg: DictConfig) -> float:
     try:
         config = load_app_config(cfg)
-    except ConfigError as exc:
+        preflight(config)
+    except (ConfigError, DatasetUnavailableError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
-    try:
-        run(config, output_dir)
-    except (DatasetUnavailableError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    run(config, output_dir)
     from fl_app.metrics import read_metrics
 
     records = read_metrics(output_dir / "metrics.jsonl")
