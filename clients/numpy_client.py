@@ -15,7 +15,7 @@ from flwr.client import NumPyClient
 from torch import nn
 
 from clients.recipes import privatize_update
-from clients.training import LocalTrainingConfig, train_local
+from clients.training import train_local
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
@@ -69,29 +69,13 @@ class DPClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         ins = TrainInstructions.from_config(config)
         device = resolve_device(ins.device)
-        x, y = client_data(ins.data_spec, self.partition_id)
-        model = _model(ins.model, ins.dataset, str(device))
+        x, y = client_data(ins.data, self.partition_id)
+        model = _model(ins.model, ins.data.dataset, str(device))
         set_weights(model, parameters)
         seed = int(make_rng(ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, self.partition_id).integers(2**62))
         generator = torch.Generator().manual_seed(seed)
         result = train_local(
-            model,
-            x,
-            y,
-            LocalTrainingConfig(
-                epochs=ins.local_epochs,
-                batch_size=ins.batch_size,
-                lr=ins.lr,
-                momentum=ins.momentum,
-                weight_decay=ins.weight_decay,
-                lr_decay=ins.lr_decay,
-                optimizer=ins.optimizer,
-                rho=ins.rho,
-                adaptive=ins.adaptive,
-            ),
-            server_round=ins.server_round,
-            generator=generator,
-            device=device,
+            model, x, y, ins.training, server_round=ins.server_round, generator=generator, device=device
         )
         if result.diverged:
             raise LocalTrainingDivergedError(

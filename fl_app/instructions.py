@@ -1,8 +1,9 @@
 """What the server tells a client each round: everything the client needs, nothing it must read from config.
 
 The server builds :class:`TrainInstructions` from the validated :class:`~fl_app.config.AppConfig` and the
-strategy's client recipe, sends it as the ``config`` ConfigRecord of the train message, and the client parses it
-back. Clients therefore hold no configuration of their own beyond their node config (partition id).
+strategy's client recipe, sends it flattened into the ``config`` ConfigRecord of the train message
+(``data.*``, ``train.*`` and top-level keys), and the client parses it back. Clients therefore hold no
+configuration of their own beyond their node config.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Literal
 
 from flwr.app import ConfigRecord
 
+from clients.training import LocalTrainingConfig
 from fl_app.config import AppConfig
 
 # Purposes of the random streams: simulation randomness is mech.make_rng(seed, round, purpose[, partition]),
@@ -27,7 +29,7 @@ class DataSpec:
     """Which data a client trains on; also the cache key of its partition."""
 
     dataset: str
-    data_dir: str  # "" = default cache dir
+    data_dir: str  # "" = default cache dir (ConfigRecord has no None)
     download: bool
     partition: str
     alpha: float
@@ -40,56 +42,42 @@ class DataSpec:
 class TrainInstructions:
     server_round: int
     seed: int
-    # data
-    dataset: str
-    data_dir: str
-    download: bool
-    partition: str
-    alpha: float
-    num_clients: int
-    max_train_samples: int  # 0 = all (ConfigRecord has no None)
+    data: DataSpec
     model: str
-    # local optimisation (SPEC §3)
-    optimizer: Literal["sgd", "sam"]
-    local_epochs: int
-    batch_size: int
-    lr: float
-    momentum: float
-    weight_decay: float
-    lr_decay: float
-    rho: float
-    adaptive: bool
+    training: LocalTrainingConfig
     # client-side mechanism (SPEC §2): clip_norm 0 = no clipping (non-private references)
     clip_norm: float
     add_noise: bool
     noise_multiplier: float
     expected_clients: float
     secure_noise: bool
-    # execution (torch threads: Ray sets OMP_NUM_THREADS to the CPUs it assigns a ClientApp; a SuperNode uses all)
+    # torch threads are not sent: Ray sets OMP_NUM_THREADS to the CPUs it assigns; a SuperNode uses its cores.
     device: str
 
-    @property
-    def data_spec(self) -> DataSpec:
-        return DataSpec(
-            dataset=self.dataset,
-            data_dir=self.data_dir,
-            download=self.download,
-            partition=self.partition,
-            alpha=self.alpha,
-            num_clients=self.num_clients,
-            seed=self.seed,
-            max_train_samples=self.max_train_samples,
-        )
-
     def to_config_record(self) -> ConfigRecord:
-        return ConfigRecord(dict(asdict(self)))
+        flat: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if isinstance(value, dict):  # nested dataclass: "data.*", "training.*"
+                flat.update({f"{key}.{k}": v for k, v in value.items() if v is not None})
+            else:
+                flat[key] = value
+        return ConfigRecord(flat)
 
     @classmethod
     def from_config(cls, config: Any) -> TrainInstructions:
-        missing = [f.name for f in fields(cls) if f.name not in config]
-        if missing:
-            raise ValueError(f"train instructions are missing {', '.join(missing)}")
-        return cls(**{f.name: config[f.name] for f in fields(cls)})
+        def pick(target: type, prefix: str = "") -> dict[str, Any]:
+            # Optional fields (defaults) may be absent; ConfigRecord cannot hold None.
+            return {f.name: config[prefix + f.name] for f in fields(target) if prefix + f.name in config}
+
+        try:
+            top = {f.name: config[f.name] for f in fields(cls) if f.name not in ("data", "training")}
+            return cls(
+                **top,
+                data=DataSpec(**pick(DataSpec, "data.")),
+                training=LocalTrainingConfig(**pick(LocalTrainingConfig, "training.")),
+            )
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed train instructions: {exc}") from exc
 
 
 def make_train_instructions(
@@ -101,27 +89,32 @@ def make_train_instructions(
     noise_multiplier: float,
     expected_clients: float,
 ) -> TrainInstructions:
-    c = config.client
+    c, d = config.client, config.dataset
     return TrainInstructions(
         server_round=server_round,
         seed=config.seed,
-        dataset=config.dataset.name,
-        data_dir=config.dataset.data_dir or "",
-        download=config.dataset.download,
-        partition=config.dataset.partition,
-        alpha=config.dataset.alpha,
-        num_clients=config.dataset.num_clients,
-        max_train_samples=config.dataset.max_train_samples or 0,
+        data=DataSpec(
+            dataset=d.name,
+            data_dir=d.data_dir or "",
+            download=d.download,
+            partition=d.partition,
+            alpha=d.alpha,
+            num_clients=d.num_clients,
+            seed=config.seed,
+            max_train_samples=d.max_train_samples or 0,
+        ),
         model=config.model.name,
-        optimizer=optimizer,
-        local_epochs=c.local_epochs,
-        batch_size=c.batch_size,
-        lr=c.lr,
-        momentum=c.momentum,
-        weight_decay=c.weight_decay,
-        lr_decay=c.lr_decay,
-        rho=c.rho,
-        adaptive=c.adaptive,
+        training=LocalTrainingConfig(
+            epochs=c.local_epochs,
+            batch_size=c.batch_size,
+            lr=c.lr,
+            momentum=c.momentum,
+            weight_decay=c.weight_decay,
+            lr_decay=c.lr_decay,
+            optimizer=optimizer,
+            rho=c.rho,
+            adaptive=c.adaptive,
+        ),
         clip_norm=clip_norm,
         add_noise=add_noise,
         noise_multiplier=noise_multiplier,

@@ -18,6 +18,8 @@ from typing import Any
 
 from flwr.common.logger import log
 
+from fl_app.privacy.mechanisms import CLIPPING_STATS_KEYS
+
 ROUND_FIELDS = (
     "round",
     "sampled",
@@ -35,14 +37,7 @@ ROUND_FIELDS = (
     "epsilon",
     "delta",
     "noise_multiplier",
-    "norm_mean",
-    "norm_median",
-    "norm_max",
-    "norm_q25",
-    "norm_q75",
-    "alpha_mean",
-    "alpha_dispersion",
-    "fraction_clipped",
+    *CLIPPING_STATS_KEYS,
     "client_norms",
     "wall_time_s",
 )

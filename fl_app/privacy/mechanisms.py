@@ -28,6 +28,7 @@ import numpy as np
 NDArrays = list[np.ndarray]
 
 __all__ = [
+    "CLIPPING_STATS_KEYS",
     "NDArrays",
     "add_gaussian_noise",
     "apply_mask",
@@ -325,6 +326,18 @@ def _check_population(population: int) -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
+CLIPPING_STATS_KEYS = (
+    "norm_mean",
+    "norm_median",
+    "norm_max",
+    "norm_q25",
+    "norm_q75",
+    "alpha_mean",
+    "alpha_dispersion",
+    "fraction_clipped",
+)
+
+
 def clipping_stats(norms: Sequence[float], clip_norm: float) -> dict[str, float]:
     """Summary of the pre-clip norms ‖Δ_i‖ of one round.
 
@@ -335,19 +348,9 @@ def clipping_stats(norms: Sequence[float], clip_norm: float) -> dict[str, float]
     With no norms every value is NaN: "no clients" is not "nothing was clipped", and NaN keeps a missing round
     from being averaged into plots as a real zero.
     """
-    keys = (
-        "norm_mean",
-        "norm_median",
-        "norm_max",
-        "norm_q25",
-        "norm_q75",
-        "alpha_mean",
-        "alpha_dispersion",
-        "fraction_clipped",
-    )
     values = np.asarray(norms, dtype=np.float64)
     if values.size == 0:
-        return dict.fromkeys(keys, float("nan"))
+        return dict.fromkeys(CLIPPING_STATS_KEYS, float("nan"))
     alphas = np.array([clip_factor(float(norm), clip_norm) for norm in values])
     alpha_mean = float(alphas.mean())
     q25, median, q75 = np.quantile(values, [0.25, 0.5, 0.75])

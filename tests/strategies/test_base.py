@@ -559,7 +559,7 @@ def test_configure_train_sends_sampled_clients_their_instructions(overrides, opt
     for m in messages:
         assert m.metadata.message_type == MessageType.TRAIN
         cfg = m.content["config"]
-        assert cfg["optimizer"] == optimizer
+        assert cfg["training.optimizer"] == optimizer
         assert cfg["clip_norm"] == clip
         assert cfg["add_noise"] is add_noise
         assert cfg["noise_multiplier"] == sigma

@@ -1,0 +1,38 @@
+"""The server-to-client instructions survive the trip through a flat Flower ConfigRecord."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.app import ConfigRecord
+
+from fl_app.config import compose_config
+from fl_app.instructions import TrainInstructions, make_train_instructions
+
+
+def _instructions() -> TrainInstructions:
+    config = compose_config(["dataset.max_train_samples=600", "client.local_epochs=3", "client.adaptive=true"])
+    return make_train_instructions(
+        config, 7, "sam", clip_norm=0.2, add_noise=True, noise_multiplier=0.9, expected_clients=50.0
+    )
+
+
+def test_round_trip_through_config_record() -> None:
+    ins = _instructions()
+    record = ins.to_config_record()
+    assert isinstance(record, ConfigRecord)
+    assert record["training.optimizer"] == "sam" and record["data.max_train_samples"] == 600
+    assert "training.max_steps" not in record  # None is not representable; the default is restored
+    back = TrainInstructions.from_config(dict(record))
+    assert back == ins
+    assert back.training.epochs == 3 and back.training.adaptive is True and back.training.max_steps is None
+
+
+def test_missing_key_is_a_clear_error() -> None:
+    record = dict(_instructions().to_config_record())
+    del record["clip_norm"]
+    with pytest.raises(ValueError, match="clip_norm"):
+        TrainInstructions.from_config(record)
+    record = dict(_instructions().to_config_record())
+    del record["data.dataset"]
+    with pytest.raises(ValueError, match="dataset"):
+        TrainInstructions.from_config(record)
