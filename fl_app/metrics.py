@@ -7,6 +7,7 @@ median, max, ᾱ and α̃ of journal Eq. 18, fraction clipped) and feed the norm
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import sys
@@ -70,7 +71,12 @@ def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
 
 
 class MetricsWriter:
-    """Appends one JSON line per round to ``<output_dir>/metrics.jsonl`` and shows a progress line."""
+    """Appends one JSON line per round to ``<output_dir>/metrics.jsonl`` and shows progress.
+
+    On a terminal a rich progress bar shows the round, test accuracy and ε, with one printed line per round above
+    it; Flower's INFO console logging is held back meanwhile (warnings still show) so the bar stays readable.
+    Elsewhere (files, CI, ``flwr run --stream``) each round is one INFO log line.
+    """
 
     def __init__(self, output_dir: Path, num_rounds: int, progress: bool | None = None) -> None:
         self.output_dir = output_dir
@@ -78,6 +84,7 @@ class MetricsWriter:
         self.num_rounds = num_rounds
         output_dir.mkdir(parents=True, exist_ok=True)
         self._progress = None
+        self._quieted: list[tuple[logging.Handler, int]] = []
         show_bar = sys.stderr.isatty() if progress is None else progress
         if show_bar:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -87,9 +94,12 @@ class MetricsWriter:
                 BarColumn(),
                 TextColumn("{task.fields[status]}"),
                 TimeElapsedColumn(),
-                transient=False,
             )
             self._task = self._progress.add_task("rounds", total=num_rounds, status="")
+            for handler in logging.getLogger("flwr").handlers:
+                if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+                    self._quieted.append((handler, handler.level))
+                    handler.setLevel(max(handler.level, logging.WARNING))
             self._progress.start()
 
     def write(self, record: Mapping[str, Any]) -> None:
@@ -98,13 +108,24 @@ class MetricsWriter:
             fh.write(line + "\n")
         status = format_status(record)
         if self._progress is not None:
-            self._progress.update(self._task, completed=record["round"], status=status)
-        log(INFO, "[round %d/%d] %s", record["round"], self.num_rounds, status)
+            self._progress.console.print(f"[round {record['round']}/{self.num_rounds}] {status}", highlight=False, markup=False)
+            self._progress.update(self._task, completed=record["round"], status=_short_status(record))
+        else:
+            log(INFO, "[round %d/%d] %s", record["round"], self.num_rounds, status)
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        for handler, level in self._quieted:
+            handler.setLevel(level)
+        self._quieted = []
+
+
+def _short_status(record: Mapping[str, Any]) -> str:
+    acc, eps = record.get("test_accuracy"), record.get("epsilon")
+    acc_s = "-" if acc is None or (isinstance(acc, float) and math.isnan(acc)) else f"{acc:.4f}"
+    return f"acc {acc_s} | eps {'-' if eps is None else f'{eps:.3f}'}"
 
 
 def format_status(record: Mapping[str, Any]) -> str:
