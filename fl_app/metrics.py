@@ -108,7 +108,9 @@ class MetricsWriter:
             fh.write(line + "\n")
         status = format_status(record)
         if self._progress is not None:
-            self._progress.console.print(f"[round {record['round']}/{self.num_rounds}] {status}", highlight=False, markup=False)
+            self._progress.console.print(
+                f"[round {record['round']}/{self.num_rounds}] {status}", highlight=False, markup=False
+            )
             self._progress.update(self._task, completed=record["round"], status=_short_status(record))
         else:
             log(INFO, "[round %d/%d] %s", record["round"], self.num_rounds, status)
