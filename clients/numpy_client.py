@@ -15,7 +15,8 @@ from flwr.client import NumPyClient
 from torch import nn
 
 from clients.recipes import privatize_update
-from clients.training import train_local
+from clients.regularizers import make_blur_loss
+from clients.training import train_local, train_local_noisy
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
@@ -61,10 +62,12 @@ def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.
 
 
 class DPClient(NumPyClient):
-    """Local training with SGD or SAM, then the client-side recipe of :mod:`clients.recipes`."""
+    """Local training (SGD or SAM, optionally with the BLUR term; or the Noisy-FedAvg/FedProx local steps), then
+    the client-side recipe of :mod:`clients.recipes`."""
 
-    def __init__(self, partition_id: int) -> None:
+    def __init__(self, partition_id: int, shared_mask: list[np.ndarray] | None = None) -> None:
         self.partition_id = partition_id
+        self.shared_mask = shared_mask
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         ins = TrainInstructions.from_config(config)
@@ -74,15 +77,34 @@ class DPClient(NumPyClient):
         set_weights(model, parameters)
         seed = int(make_rng(ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, self.partition_id).integers(2**62))
         generator = torch.Generator().manual_seed(seed)
-        result = train_local(
-            model, x, y, ins.training, server_round=ins.server_round, generator=generator, device=device
-        )
+        if ins.noisy_training is not None:
+            result = train_local_noisy(
+                model, x, y, ins.noisy_training, ins.server_round, generator=generator, device=device
+            )
+        else:
+            assert ins.training is not None
+            model.to(device)
+            blur = (
+                make_blur_loss(model, ins.clip_norm, ins.recipe.blur_coef)
+                if ins.recipe.blur_coef > 0 and ins.clip_norm > 0
+                else None
+            )
+            result = train_local(
+                model,
+                x,
+                y,
+                ins.training,
+                server_round=ins.server_round,
+                generator=generator,
+                device=device,
+                extra_loss=blur,
+            )
         if result.diverged:
             raise LocalTrainingDivergedError(
                 f"client {self.partition_id}: local loss became non-finite in round {ins.server_round}"
             )
         update = [new - old for new, old in zip(get_weights(model), parameters, strict=True)]
-        sent, pre_clip_norm = privatize_update(update, ins, self.partition_id)
+        sent, pre_clip_norm = privatize_update(update, ins, self.partition_id, self.shared_mask)
         metrics = {
             "partition_id": self.partition_id,
             "pre_clip_norm": pre_clip_norm,

@@ -10,6 +10,11 @@ SPEC §2: a client whose loss turns non-finite stops at once and reports ``diver
 report failure instead of sending a NaN update.
 
 Nothing here knows about differential privacy: clipping and noise happen on the update, elsewhere.
+
+Also the local procedure of Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Alg. 1, Eqs. 2 and 4;
+SPEC_BASELINES.md): :func:`train_local_noisy` runs K plain-SGD steps with the minibatch gradient clipped to V and
+a scheduled step size :func:`noisy_step_lr`. The Gaussian noise it is released with (w_{i,K,t} + N(0, σ²I)) is
+added by the caller, not here.
 """
 
 from __future__ import annotations
@@ -25,7 +30,17 @@ from torch import nn
 
 from clients.sam import SAM, frozen_batchnorm_stats
 
-__all__ = ["LocalTrainingConfig", "LocalTrainingResult", "evaluate", "local_lr", "train_local"]
+__all__ = [
+    "LocalTrainingConfig",
+    "LocalTrainingResult",
+    "NoisyLocalConfig",
+    "NoisySchedule",
+    "evaluate",
+    "local_lr",
+    "noisy_step_lr",
+    "train_local",
+    "train_local_noisy",
+]
 
 ExtraLoss = Callable[[nn.Module], torch.Tensor]
 
@@ -257,3 +272,193 @@ def evaluate(
     finally:
         model.train(was_training)
     return loss_sum.item() / n, correct.item() / n
+
+
+# --- Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Algorithm 1) ----------------------------------------------
+
+NoisySchedule = Literal["constant", "cyclic", "stagewise", "continuous"]
+_NOISY_SCHEDULES: tuple[str, ...] = ("constant", "cyclic", "stagewise", "continuous")
+
+
+@dataclass(frozen=True)
+class NoisyLocalConfig:
+    """Local hyper-parameters of Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Alg. 1; SPEC_BASELINES.md).
+
+    ``steps`` is K (local steps per round, independent of the client's data size), ``lr`` the paper's constant μ
+    in the step size η_{k,t} (see :func:`noisy_step_lr`; not the GDP μ of the privacy bound), ``grad_clip`` the
+    per-step minibatch-gradient bound V and ``prox_coef`` the FedProx α (0 gives Noisy-FedAvg).
+    """
+
+    steps: int
+    batch_size: int
+    lr: float
+    schedule: NoisySchedule
+    grad_clip: float
+    prox_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not (self.lr > 0.0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
+        if self.schedule not in _NOISY_SCHEDULES:
+            raise ValueError(f"schedule must be one of {_NOISY_SCHEDULES}, got {self.schedule!r}")
+        # V enters the privacy bound (sensitivity of each step), so it must be a real, finite bound.
+        if not (self.grad_clip > 0.0 and math.isfinite(self.grad_clip)):
+            raise ValueError(f"grad_clip (V) must be finite and > 0, got {self.grad_clip}")
+        if not (self.prox_coef >= 0.0 and math.isfinite(self.prox_coef)):
+            raise ValueError(f"prox_coef (alpha) must be finite and >= 0, got {self.prox_coef}")
+
+
+def noisy_step_lr(lr: float, schedule: NoisySchedule, k: int, t: int, K: int) -> float:
+    """Step size η_{k,t} of seed 004 (Thm 3 schedules) for local step k and 0-based round index t.
+
+    - ``constant``:   η = μ
+    - ``cyclic``:     η = μ / (k + 1)          (decays within a round, restarts every round)
+    - ``stagewise``:  η = μ / (t + 1)          (constant within a round, decays across rounds)
+    - ``continuous``: η = μ / (t·K + k + 1)    (decays over the global step count)
+
+    ``k`` = 0..K−1 is the local step and ``t`` ≥ 0 the 0-based round index of the paper; Flower's server round
+    r ≥ 1 maps to t = r − 1 (so round 1 starts with η = μ under every schedule).
+    """
+    if not (lr > 0.0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be finite and > 0, got {lr}")
+    if K < 1:
+        raise ValueError(f"K must be >= 1, got {K}")
+    if not 0 <= k < K:
+        raise ValueError(f"k must be in [0, K) = [0, {K}), got {k}")
+    if t < 0:
+        raise ValueError(f"t must be >= 0 (0-based round index, t = server_round - 1), got {t}")
+    if schedule == "constant":
+        return lr
+    if schedule == "cyclic":
+        return lr / (k + 1)
+    if schedule == "stagewise":
+        return lr / (t + 1)
+    if schedule == "continuous":
+        return lr / (t * K + k + 1)
+    raise ValueError(f"schedule must be one of {_NOISY_SCHEDULES}, got {schedule!r}")
+
+
+def train_local_noisy(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: NoisyLocalConfig,
+    server_round: int,
+    generator: torch.Generator,
+    device: torch.device,
+) -> LocalTrainingResult:
+    """Local procedure of Noisy-FedAvg (seed 004 Eq. 2) / Noisy-FedProx (Eq. 4), App. B Algorithm 1.
+
+    From the model's current weights w_t (the round's global model; a detached copy is kept for the prox term),
+    for k = 0..K−1 with t = ``server_round`` − 1::
+
+        g = ∇f(w; ξ)                      mean cross-entropy on a minibatch ξ of size B
+        g ← g / max(1, ‖g‖ / V)           clip to V on the global L2 norm over all trainable parameters
+        g ← g + α (w − w_t)               FedProx only (α = ``prox_coef``), added *after* clipping as in Eq. 4
+        w ← w − η_{k,t} g                 η_{k,t} = :func:`noisy_step_lr`
+
+    The step is plain SGD: no momentum and no weight decay (the privacy analysis of seed 004 assumes exactly
+    this update), and no learning-rate decay other than the schedule.
+
+    Minibatches: a permutation of the n samples is drawn from ``generator`` at the start of the call and
+    consumed in consecutive chunks of b = min(B, n) indices; when fewer than b indices are left, the rest is
+    dropped and a fresh permutation is drawn. So every minibatch has exactly b distinct samples (uniformly
+    without replacement), consecutive minibatches of one pass are disjoint, and K does not depend on n.
+
+    Divergence (SPEC §2, same semantics as :func:`train_local`): if the loss, or the norm of the minibatch
+    gradient, is non-finite, training stops before moving the weights and the result has ``diverged=True``,
+    ``loss`` NaN and ``num_steps`` equal to the steps taken; weights that overflow on a finite step are
+    reported as diverged too.
+
+    Returns a :class:`LocalTrainingResult`: loss/accuracy averaged over all samples seen (on the unclipped
+    forward pass), ``num_examples`` = n, ``num_steps`` = K unless diverged. The model is left in train mode
+    on ``device`` with no gradients stored. The noise of the release is the caller's business.
+    """
+    if server_round < 1:
+        raise ValueError(f"server_round must be >= 1 (Flower rounds start at 1), got {server_round}")
+    n = int(x.shape[0])
+    if int(y.shape[0]) != n:
+        raise ValueError(f"x has {n} samples but y has {int(y.shape[0])}")
+    if n == 0:
+        return LocalTrainingResult(loss=0.0, accuracy=0.0, num_examples=0, num_steps=0, diverged=False)
+
+    model.to(device)
+    model.train()
+    model.zero_grad(set_to_none=True)
+    x_dev = x.to(device)
+    y_dev = y.to(device=device, dtype=torch.long)
+
+    t = server_round - 1
+    K = config.steps
+    b = min(config.batch_size, n)
+    alpha = config.prox_coef
+    params = [p for p in model.parameters() if p.requires_grad]
+    anchor = [p.detach().clone() for p in params] if alpha > 0.0 else []
+
+    # float64 so the average is exact to the last bit of a float32 loss, whatever the model's dtype.
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    num_steps = 0
+    diverged = False
+
+    def new_perm() -> torch.Tensor:
+        # Drawn on the generator's device so the permutation depends on nothing but its seed.
+        return torch.randperm(n, generator=generator, device=generator.device).to(device)
+
+    perm = new_perm()
+    pos = 0
+    for k in range(K):
+        if pos + b > n:
+            perm = new_perm()
+            pos = 0
+        idx = perm[pos : pos + b]
+        pos += b
+        xb, yb = x_dev[idx], y_dev[idx]
+
+        data_loss, logits = _data_loss(model, xb, yb)
+        if params:
+            grads = torch.autograd.grad(data_loss, params, allow_unused=True)
+            g = [torch.zeros_like(p) if gi is None else gi for p, gi in zip(params, grads, strict=True)]
+            grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(gi, 2) for gi in g]), 2)
+            finite = torch.isfinite(data_loss) & torch.isfinite(grad_norm)
+        else:
+            g, grad_norm, finite = [], torch.zeros((), device=device), torch.isfinite(data_loss)
+        # One host sync per step, before the weights move (SPEC §2), as in train_local.
+        if not bool(finite):
+            diverged = True
+            break
+
+        lr = noisy_step_lr(config.lr, config.schedule, k, t, K)
+        with torch.no_grad():
+            # g / max(1, ‖g‖/V): exact formula, no epsilon (clip_grad_norm_ adds 1e-6 to the norm).
+            # When ‖g‖ ≤ V the divisor is exactly 1, so the unclipped gradient is used bit for bit.
+            denom = torch.clamp(grad_norm / config.grad_clip, min=1.0)
+            for i, (p, gi) in enumerate(zip(params, g, strict=True)):
+                step = gi / denom.to(device=gi.device, dtype=gi.dtype)
+                if alpha > 0.0:
+                    step = step + alpha * (p - anchor[i])
+                p.add_(step, alpha=-lr)
+            loss_sum += data_loss.detach() * b
+            correct += (logits.argmax(dim=1) == yb).sum()
+        seen += b
+        num_steps += 1
+
+    if not diverged and params:
+        with torch.no_grad():
+            diverged = not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
+    if diverged:
+        accuracy = correct.item() / seen if seen else 0.0
+        return LocalTrainingResult(loss=math.nan, accuracy=accuracy, num_examples=n, num_steps=num_steps, diverged=True)
+    return LocalTrainingResult(
+        loss=loss_sum.item() / seen,
+        accuracy=correct.item() / seen,
+        num_examples=n,
+        num_steps=num_steps,
+        diverged=False,
+    )

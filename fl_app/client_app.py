@@ -21,7 +21,10 @@ ERROR_DIVERGED = 1001
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     config = msg.content["config"]
-    client = DPClient(partition_id=int(config["partition_id"]))
+    shared_mask = None
+    if "mask" in msg.content:
+        shared_mask = [m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()]
+    client = DPClient(partition_id=int(config["partition_id"]), shared_mask=shared_mask)
     parameters = msg.content["arrays"].to_numpy_ndarrays()
     try:
         update, num_examples, metrics = client.fit(parameters, dict(config))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,9 +29,28 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class StrategyConfig:
+    """The algorithm and its own hyper-parameters; each strategy reads only the fields it uses."""
+
     name: str
     target: str
-    server_lr: float
+    server_lr: float = 1.0
+    # Sparsified methods (SPEC §5, SPEC_BASELINES.md): fraction p of coordinates kept per layer.
+    sparsity: float = 0.4
+    # dp_fedsam_topk: noisy | clean; fed_smp_topk: local | global (the class lists what it accepts).
+    mask_source: str = ""
+    # fed_smp_randk: send (update ⊙ mask) / p instead of update ⊙ mask.
+    rescale: bool = True
+    # dp_fedavg_blur(s): BLUR coefficient λ.
+    blur_coef: float = 1.0
+    # noisy_fedavg / noisy_fedprox (seed 004): K local steps, constant mu of the schedule, schedule,
+    # per-step gradient clip V, absolute noise std sigma on the uploaded model, proximal alpha, assumed smoothness L.
+    local_steps: int = 10
+    noisy_lr: float = 0.05
+    lr_schedule: str = "constant"
+    grad_clip: float = 1.0
+    noise_std: float = 0.01
+    prox_coef: float = 0.0
+    smoothness: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -173,11 +192,41 @@ def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
         target,
         "a subclass of strategies.base.FederatedStrategy",
     )
-    server_lr = _number(section, "server_lr", "strategy")
-    _require(server_lr > 0, "strategy.server_lr", server_lr, "> 0")
+    p = "strategy"
     name = section.get("name")
     _require(isinstance(name, str) and bool(name), "strategy.name", name, "a non-empty string")
-    return StrategyConfig(name=str(name), target=str(target), server_lr=server_lr)
+    defaults = StrategyConfig(name=str(name), target=str(target))
+    values: dict[str, Any] = {}
+    for f in fields(StrategyConfig):
+        if f.name in ("name", "target") or f.name not in section:
+            continue
+        default = getattr(defaults, f.name)
+        if isinstance(default, bool):
+            values[f.name] = _boolean(section, f.name, p)
+        elif isinstance(default, int):
+            values[f.name] = _integer(section, f.name, p, 1)
+        elif isinstance(default, float):
+            values[f.name] = _number(section, f.name, p)
+        else:
+            value = section.get(f.name)
+            _require(isinstance(value, str), f"strategy.{f.name}", value, "a string")
+            values[f.name] = value
+    cfg = replace(defaults, **values)
+    _require(cfg.server_lr > 0, "strategy.server_lr", cfg.server_lr, "> 0")
+    _require(0 < cfg.sparsity <= 1, "strategy.sparsity", cfg.sparsity, "p in (0, 1]")
+    _require(cfg.blur_coef >= 0, "strategy.blur_coef", cfg.blur_coef, ">= 0")
+    mask_sources = getattr(cls, "mask_sources", ())
+    if mask_sources:
+        cfg = replace(cfg, mask_source=cfg.mask_source or mask_sources[0])
+        _require(cfg.mask_source in mask_sources, "strategy.mask_source", cfg.mask_source, " | ".join(mask_sources))
+    _require(cfg.noisy_lr > 0, "strategy.noisy_lr", cfg.noisy_lr, "> 0")
+    schedules = ("constant", "cyclic", "stagewise", "continuous")
+    _require(cfg.lr_schedule in schedules, "strategy.lr_schedule", cfg.lr_schedule, " | ".join(schedules))
+    _require(cfg.grad_clip > 0, "strategy.grad_clip", cfg.grad_clip, "V > 0")
+    _require(cfg.noise_std >= 0, "strategy.noise_std", cfg.noise_std, "sigma >= 0")
+    _require(cfg.prox_coef >= 0, "strategy.prox_coef", cfg.prox_coef, "alpha >= 0")
+    _require(cfg.smoothness > 0, "strategy.smoothness", cfg.smoothness, "L > 0")
+    return cfg
 
 
 def _validate_client(section: Mapping[str, Any]) -> ClientConfig:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from flwr.app import ConfigRecord
 
-from clients.training import LocalTrainingConfig
+from clients.training import LocalTrainingConfig, NoisyLocalConfig
 from fl_app.config import AppConfig
 
 # Purposes of the random streams: simulation randomness is mech.make_rng(seed, round, purpose[, partition]),
@@ -22,6 +22,7 @@ STREAM_SAMPLING = 0
 STREAM_SERVER_NOISE = 1
 STREAM_CLIENT_NOISE = 2
 STREAM_CLIENT_SHUFFLE = 3
+STREAM_ROUND_MASK = 4
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,32 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class RecipeSpec:
+    """Which client-side recipe runs (clients/recipes.py holds the order of the steps for each kind).
+
+    kinds: ``dense`` (clip → noise), ``topk_noisy`` / ``topk_clean`` (DP-FedSAM-topk: per-layer top-k of the
+    noisy / clean update after noising), ``shared_mask`` (Fed-SMP with the round's server mask), ``topk_local``
+    (Fed-SMP-topk, client-local mask), ``lus`` (BLUR+LUS: top-k before clipping, dense noise), ``noisy_model``
+    (Noisy-FedAvg/FedProx: absolute Gaussian noise on the uploaded model, no update clipping).
+    """
+
+    kind: str = "dense"
+    sparsity: float = 1.0
+    rescale: bool = False
+    blur_coef: float = 0.0
+    noise_std: float = 0.0
+
+
+@dataclass(frozen=True)
 class TrainInstructions:
     server_round: int
     seed: int
     data: DataSpec
     model: str
-    training: LocalTrainingConfig
+    recipe: RecipeSpec
+    # Exactly one of the two local procedures is set.
+    training: LocalTrainingConfig | None
+    noisy_training: NoisyLocalConfig | None
     # client-side mechanism (SPEC §2): clip_norm 0 = no clipping (non-private references)
     clip_norm: float
     add_noise: bool
@@ -57,7 +78,9 @@ class TrainInstructions:
     def to_config_record(self) -> ConfigRecord:
         flat: dict[str, Any] = {}
         for key, value in asdict(self).items():
-            if isinstance(value, dict):  # nested dataclass: "data.*", "training.*"
+            if value is None:
+                continue
+            if isinstance(value, dict):  # nested dataclass: "data.*", "training.*", ...
                 flat.update({f"{key}.{k}": v for k, v in value.items() if v is not None})
             else:
                 flat[key] = value
@@ -69,27 +92,51 @@ class TrainInstructions:
             # Optional fields (defaults) may be absent; ConfigRecord cannot hold None.
             return {f.name: config[prefix + f.name] for f in fields(target) if prefix + f.name in config}
 
+        nested = {
+            "data": DataSpec,
+            "recipe": RecipeSpec,
+            "training": LocalTrainingConfig,
+            "noisy_training": NoisyLocalConfig,
+        }
         try:
-            top = {f.name: config[f.name] for f in fields(cls) if f.name not in ("data", "training")}
-            return cls(
-                **top,
-                data=DataSpec(**pick(DataSpec, "data.")),
-                training=LocalTrainingConfig(**pick(LocalTrainingConfig, "training.")),
-            )
+            top = {f.name: config[f.name] for f in fields(cls) if f.name not in nested}
+            parts = {
+                name: target(**pick(target, f"{name}.")) if any(str(k).startswith(f"{name}.") for k in config) else None
+                for name, target in nested.items()
+            }
+            return cls(**top, **parts)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed train instructions: {exc}") from exc
+
+
+def local_training_config(config: AppConfig, optimizer: Literal["sgd", "sam"]) -> LocalTrainingConfig:
+    """The standard local procedure (SPEC §3) from the client config, with the strategy's optimizer."""
+    c = config.client
+    return LocalTrainingConfig(
+        epochs=c.local_epochs,
+        batch_size=c.batch_size,
+        lr=c.lr,
+        momentum=c.momentum,
+        weight_decay=c.weight_decay,
+        lr_decay=c.lr_decay,
+        optimizer=optimizer,
+        rho=c.rho,
+        adaptive=c.adaptive,
+    )
 
 
 def make_train_instructions(
     config: AppConfig,
     server_round: int,
-    optimizer: Literal["sgd", "sam"],
+    *,
+    recipe: RecipeSpec,
+    training: LocalTrainingConfig | NoisyLocalConfig,
     clip_norm: float,
     add_noise: bool,
     noise_multiplier: float,
     expected_clients: float,
 ) -> TrainInstructions:
-    c, d = config.client, config.dataset
+    d = config.dataset
     return TrainInstructions(
         server_round=server_round,
         seed=config.seed,
@@ -104,17 +151,9 @@ def make_train_instructions(
             max_train_samples=d.max_train_samples or 0,
         ),
         model=config.model.name,
-        training=LocalTrainingConfig(
-            epochs=c.local_epochs,
-            batch_size=c.batch_size,
-            lr=c.lr,
-            momentum=c.momentum,
-            weight_decay=c.weight_decay,
-            lr_decay=c.lr_decay,
-            optimizer=optimizer,
-            rho=c.rho,
-            adaptive=c.adaptive,
-        ),
+        recipe=recipe,
+        training=training if isinstance(training, LocalTrainingConfig) else None,
+        noisy_training=training if isinstance(training, NoisyLocalConfig) else None,
         clip_norm=clip_norm,
         add_noise=add_noise,
         noise_multiplier=noise_multiplier,

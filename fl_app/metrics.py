@@ -38,6 +38,7 @@ ROUND_FIELDS = (
     "epsilon",
     "delta",
     "noise_multiplier",
+    "gdp_mu",
     *CLIPPING_STATS_KEYS,
     "client_norms",
     "wall_time_s",

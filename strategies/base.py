@@ -37,8 +37,15 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
+from clients.training import LocalTrainingConfig, NoisyLocalConfig
 from fl_app.config import AppConfig
-from fl_app.instructions import STREAM_SAMPLING, STREAM_SERVER_NOISE, make_train_instructions
+from fl_app.instructions import (
+    STREAM_SAMPLING,
+    STREAM_SERVER_NOISE,
+    RecipeSpec,
+    local_training_config,
+    make_train_instructions,
+)
 from fl_app.metrics import MetricsWriter
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
@@ -65,6 +72,8 @@ class FederatedStrategy(Strategy):
     private: ClassVar[bool] = True
     #: The local optimizer of the client recipe.
     local_optimizer: ClassVar[Literal["sgd", "sam"]] = "sgd"
+    #: Accepted values of ``strategy.mask_source`` (first = default); empty for strategies without masks.
+    mask_sources: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: AppConfig) -> None:
         self.config = config
@@ -103,6 +112,8 @@ class FederatedStrategy(Strategy):
         self._global: list[np.ndarray] = []
         self._sampled = 0
         self._awaiting: set[int] = set()
+        self._round_mask: list[np.ndarray] | None = None
+        self._previous_global: list[np.ndarray] = []
         self.stop_reason: str | None = None
 
     # ----- what the run reports about its guarantee -----------------------------------------------------------
@@ -119,8 +130,10 @@ class FederatedStrategy(Strategy):
             return {"dp_guarantee": "none: non-private reference"}
         p = self.config.privacy
         assert self.accountant is not None
+        reason = self.not_covered_reason()
+        claim = f"not covered: {reason}" if reason else f"client-level ({self.epsilon():.4g}, {p.delta:.3g})-DP"
         return {
-            "dp_guarantee": f"client-level ({self.epsilon():.4g}, {p.delta:.3g})-DP",
+            "dp_guarantee": claim,
             "accountant": p.accountant,
             "sampling_event": "poisson" if p.sampling == "poisson" else "fixed-size without replacement",
             "neighbouring": "add/remove one client" if p.sampling == "poisson" else "replace one client",
@@ -135,10 +148,44 @@ class FederatedStrategy(Strategy):
             "noise_source": self.noise_source,
         }
 
+    def not_covered_reason(self) -> str | None:
+        """Why the accountant's ε does not cover this configuration (None = it does)."""
+        return None
+
     def epsilon(self) -> float:
         if self.accountant is None:
             return math.inf
         return self.accountant.get_epsilon(self.config.privacy.delta)
+
+    def projected_epsilon(self) -> float:
+        """ε after one more round (the budget guard's question)."""
+        assert self.accountant is not None
+        p = self.config.privacy
+        return self.accountant.epsilon_after(1, self.noise_multiplier, p.sample_rate, p.delta)
+
+    def account_round(self) -> None:
+        if self.accountant is not None:
+            self.accountant.step(self.noise_multiplier, self.config.privacy.sample_rate)
+
+    def round_extras(self) -> dict[str, Any]:
+        """Strategy-specific fields of the round record."""
+        return {"gdp_mu": None}
+
+    # ----- the client recipe and the round's shared mask (overridden by the sparsified / noisy methods) --------
+
+    def client_recipe(self) -> RecipeSpec:
+        return RecipeSpec()
+
+    def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:
+        return local_training_config(self.config, self.local_optimizer)
+
+    def round_mask(self, server_round: int) -> list[np.ndarray] | None:
+        """A public, data-independent mask shared by every client this round (None = dense)."""
+        return None
+
+    def postprocess(self, noisy_average: list[np.ndarray]) -> list[np.ndarray]:
+        """Post-processing of the noised average (covered by the accountant: it only sees the DP output)."""
+        return noisy_average
 
     # ----- sampling (SPEC §1) ---------------------------------------------------------------------------------
 
@@ -180,19 +227,24 @@ class FederatedStrategy(Strategy):
             )
         else:
             log(INFO, "\tnon-private reference: no clipping, no noise")
+        if self.private and (reason := self.not_covered_reason()):
+            log(WARNING, "The reported epsilon does NOT cover this run: %s", reason)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
+        self._previous_global = self._global
         self._global = arrays.to_numpy_ndarrays()
         self._shapes = [tuple(w.shape) for w in self._global]
         sampled = self.sample_clients(server_round)
         p = self.config.privacy
+        self._round_mask = self.round_mask(server_round)
         instructions = make_train_instructions(
             self.config,
             server_round,
-            optimizer=self.local_optimizer,
-            clip_norm=p.clip_norm if self.private else 0.0,
+            recipe=self.client_recipe(),
+            training=self.local_training(),
+            clip_norm=self.client_clip_norm,
             add_noise=self.private and p.placement == "client",
             noise_multiplier=self.noise_multiplier if self.private else 0.0,
             expected_clients=self.expected_clients,
@@ -200,9 +252,12 @@ class FederatedStrategy(Strategy):
         messages = []
         for position, partition_id in enumerate(sampled.tolist()):
             client_config = ConfigRecord({**instructions, **config, "partition_id": int(partition_id)})
+            content = RecordDict({"arrays": arrays, "config": client_config})
+            if self._round_mask is not None:
+                content["mask"] = ArrayRecord([m.astype(np.uint8) for m in self._round_mask])
             messages.append(
                 Message(
-                    RecordDict({"arrays": arrays, "config": client_config}),
+                    content,
                     dst_node_id=self.population.node_for(int(partition_id), position),
                     message_type=MessageType.TRAIN,
                 )
@@ -268,26 +323,17 @@ class FederatedStrategy(Strategy):
                 log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, payload)
                 continue
             partition_id, update, metrics = payload
-            if self.private and p.placement == "server":
+            if self._round_mask is not None:
+                # The round's mask is public; whatever a client sent outside it is dropped.
+                update = mech.apply_mask(update, self._round_mask)
+            if self.server_clips:
                 # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
                 update, server_norm = mech.clip_update(update, p.clip_norm)
                 reclipped += int(server_norm > p.clip_norm * (1 + 1e-5))
             accepted.append((partition_id, update, metrics))
 
         accepted.sort(key=lambda item: item[0])  # fixed summation order: same seed, same model
-        updates = [u for _, u, _ in accepted]
-        if self.private:
-            average = mech.uniform_average(updates, self.expected_clients, self._shapes)
-            rng = self._noise_rng(server_round)
-            if p.placement == "server":
-                std = mech.gaussian_noise_std(self.noise_multiplier, p.clip_norm, self.expected_clients, "server")
-            else:
-                std = mech.client_noise_topup_std(
-                    self.noise_multiplier, p.clip_norm, self.expected_clients, len(updates)
-                )
-            average = mech.add_gaussian_noise(average, std, rng)
-        else:
-            average = mech.uniform_average(updates, max(len(updates), 1), self._shapes)
+        average = self.combine(server_round, [u for _, u, _ in accepted])
         eta = self.config.strategy.server_lr
         new_weights = [
             (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
@@ -312,6 +358,35 @@ class FederatedStrategy(Strategy):
         }
         return RoundOutcome(new_weights=new_weights, stats=stats)
 
+    @property
+    def client_clip_norm(self) -> float:
+        """C the client clips its update to (0 = no update clipping)."""
+        return self.config.privacy.clip_norm if self.private else 0.0
+
+    @property
+    def server_clips(self) -> bool:
+        return self.private and self.config.privacy.placement == "server"
+
+    def combine(self, server_round: int, updates: list[list[np.ndarray]]) -> list[np.ndarray]:
+        """Steps 6: uniform sum over the fixed denominator m, the server's noise, post-processing."""
+        if not self.private:
+            return mech.uniform_average(updates, max(len(updates), 1), self._shapes)
+        p = self.config.privacy
+        average = mech.uniform_average(updates, self.expected_clients, self._shapes)
+        if p.placement == "server":
+            std = mech.gaussian_noise_std(self.noise_multiplier, p.clip_norm, self.expected_clients, "server")
+        else:
+            std = mech.client_noise_topup_std(self.noise_multiplier, p.clip_norm, self.expected_clients, len(updates))
+        average = mech.add_gaussian_noise(average, std, self._noise_rng(server_round))
+        support = self.noise_support(updates)
+        if support is not None:
+            average = mech.apply_mask(average, support)
+        return self.postprocess(average)
+
+    def noise_support(self, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
+        """Coordinates that carry noise (None = all): the round's shared mask for Fed-SMP."""
+        return self._round_mask
+
     # ----- the run -----------------------------------------------------------------------------------------------
 
     def start(  # type: ignore[override]
@@ -333,12 +408,8 @@ class FederatedStrategy(Strategy):
         result = Result()
         arrays = initial_arrays
         for server_round in range(1, num_rounds + 1):
-            if (
-                self.accountant is not None
-                and p.max_epsilon is not None
-                and self.accountant.would_exceed(p.max_epsilon, p.delta, self.noise_multiplier, p.sample_rate)
-            ):
-                next_eps = self.accountant.epsilon_after(1, self.noise_multiplier, p.sample_rate, p.delta)
+            next_eps = self.projected_epsilon() if self.private and p.max_epsilon is not None else -math.inf
+            if p.max_epsilon is not None and next_eps > p.max_epsilon:
                 self.stop_reason = (
                     f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} "
                     f"> max_epsilon={p.max_epsilon}"
@@ -352,9 +423,8 @@ class FederatedStrategy(Strategy):
             outcome = self.aggregate(server_round, replies)
             arrays = ArrayRecord(outcome.new_weights)
             result.arrays = arrays
-            if self.accountant is not None:
-                self.accountant.step(self.noise_multiplier, p.sample_rate)
-            record: dict[str, Any] = {"round": server_round, **outcome.stats}
+            self.account_round()
+            record: dict[str, Any] = {"round": server_round, **outcome.stats, **self.round_extras()}
             record["epsilon"] = self.epsilon() if self.private else None
             record["delta"] = p.delta if self.private else None
             record["noise_multiplier"] = self.noise_multiplier if self.private else None

@@ -6,13 +6,20 @@ import pytest
 from flwr.app import ConfigRecord
 
 from fl_app.config import compose_config
-from fl_app.instructions import TrainInstructions, make_train_instructions
+from fl_app.instructions import RecipeSpec, TrainInstructions, local_training_config, make_train_instructions
 
 
 def _instructions() -> TrainInstructions:
     config = compose_config(["dataset.max_train_samples=600", "client.local_epochs=3", "client.adaptive=true"])
     return make_train_instructions(
-        config, 7, "sam", clip_norm=0.2, add_noise=True, noise_multiplier=0.9, expected_clients=50.0
+        config,
+        7,
+        recipe=RecipeSpec(kind="topk_noisy", sparsity=0.4),
+        training=local_training_config(config, "sam"),
+        clip_norm=0.2,
+        add_noise=True,
+        noise_multiplier=0.9,
+        expected_clients=50.0,
     )
 
 
@@ -25,6 +32,26 @@ def test_round_trip_through_config_record() -> None:
     back = TrainInstructions.from_config(dict(record))
     assert back == ins
     assert back.training.epochs == 3 and back.training.adaptive is True and back.training.max_steps is None
+    assert back.noisy_training is None and back.recipe == RecipeSpec(kind="topk_noisy", sparsity=0.4)
+
+
+def test_noisy_training_round_trip() -> None:
+    from clients.training import NoisyLocalConfig
+
+    config = compose_config(["strategy=noisy_fedprox"])
+    noisy = NoisyLocalConfig(steps=5, batch_size=16, lr=0.05, schedule="cyclic", grad_clip=2.0, prox_coef=3.0)
+    ins = make_train_instructions(
+        config,
+        2,
+        recipe=RecipeSpec(kind="noisy_model", noise_std=0.01),
+        training=noisy,
+        clip_norm=0.0,
+        add_noise=False,
+        noise_multiplier=0.0,
+        expected_clients=5.0,
+    )
+    back = TrainInstructions.from_config(dict(ins.to_config_record()))
+    assert back == ins and back.training is None and back.noisy_training == noisy
 
 
 def test_missing_key_is_a_clear_error() -> None:

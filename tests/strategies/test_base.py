@@ -340,7 +340,14 @@ def _client_placement_replies(strategy: FederatedStrategy, server_round: int, pa
     config = strategy.config
     p = config.privacy
     instructions = make_train_instructions(
-        config, server_round, "sgd", p.clip_norm, True, strategy.noise_multiplier, strategy.expected_clients
+        config,
+        server_round,
+        recipe=strategy.client_recipe(),
+        training=strategy.local_training(),
+        clip_norm=p.clip_norm,
+        add_noise=True,
+        noise_multiplier=strategy.noise_multiplier,
+        expected_clients=strategy.expected_clients,
     )
     replies = []
     for pid in partitions:

@@ -1,0 +1,30 @@
+"""DP-FedAvg-blur and DP-FedAvg-blurs (Cheng, Wang, Zhang, Cheng, CVPR 2022), as defined in SPEC_BASELINES.md.
+
+* blur — the local objective gains R(w) = (λ/2)·max(0, ‖w − w^t‖ − C)² (differentiated through autograd,
+  ``clients/regularizers.py``; λ = ``strategy.blur_coef``), which keeps the update inside the clipping ball.
+* blurs — BLUR plus local update sparsification (LUS): keep the per-layer top-k of |Δ| (fraction
+  ``strategy.sparsity``) before clipping, then **dense** noise. Because the noise covers every coordinate, the
+  sparsification is part of the local computation and the Gaussian mechanism (sensitivity C) is accounted as usual.
+"""
+
+from __future__ import annotations
+
+from fl_app.instructions import RecipeSpec
+from strategies.base import FederatedStrategy
+
+
+class DPFedAvgBLUR(FederatedStrategy):
+    private = True
+    local_optimizer = "sgd"
+
+    def client_recipe(self) -> RecipeSpec:
+        return RecipeSpec(kind="dense", blur_coef=self.config.strategy.blur_coef)
+
+
+class DPFedAvgBLURS(FederatedStrategy):
+    private = True
+    local_optimizer = "sgd"
+
+    def client_recipe(self) -> RecipeSpec:
+        s = self.config.strategy
+        return RecipeSpec(kind="lus", sparsity=s.sparsity, blur_coef=s.blur_coef)

@@ -1,0 +1,68 @@
+"""Fed-SMP (Hu, Gong, Guo, "Federated Learning with Sparsified Model Perturbation"), as defined in
+SPEC_BASELINES.md: local SGD, a per-layer sparsification mask (k_l = ⌈p·d_l⌉), clipping, and Gaussian noise on the
+kept coordinates only.
+
+* Fed-SMP-randk — the server draws one random mask per round from its public round stream and sends it to every
+  sampled client; it does not depend on any data, so the round is accounted exactly like DP-FedAvg (the gain is
+  less noise energy, not a smaller ε). ``rescale`` sends (Δ ⊙ mask)/p (unbiased sparsification).
+* Fed-SMP-topk — ``mask_source=local`` (as published): each client's own top-k of |Δ|; the support depends on
+  private data and is sent in the clear, so the accountant does not cover it. ``mask_source=global`` (DP-sound):
+  the per-layer top-k of |last round's global update| (public), shared by all clients; round 1 uses a public
+  random mask.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from fl_app.instructions import STREAM_ROUND_MASK, RecipeSpec
+from fl_app.privacy import mechanisms as mech
+from strategies.base import FederatedStrategy
+
+
+class FedSMPRandK(FederatedStrategy):
+    private = True
+    local_optimizer = "sgd"
+
+    def client_recipe(self) -> RecipeSpec:
+        s = self.config.strategy
+        return RecipeSpec(kind="shared_mask", sparsity=s.sparsity, rescale=s.rescale)
+
+    def round_mask(self, server_round: int) -> list[np.ndarray] | None:
+        rng = mech.make_rng(self.config.seed, server_round, STREAM_ROUND_MASK)
+        return mech.randk_mask(self._shapes, self.config.strategy.sparsity, rng)
+
+
+class FedSMPTopK(FederatedStrategy):
+    private = True
+    local_optimizer = "sgd"
+    mask_sources = ("local", "global")
+
+    @property
+    def _local(self) -> bool:
+        return self.config.strategy.mask_source == "local"
+
+    def client_recipe(self) -> RecipeSpec:
+        kind = "topk_local" if self._local else "shared_mask"
+        return RecipeSpec(kind=kind, sparsity=self.config.strategy.sparsity, rescale=False)
+
+    def round_mask(self, server_round: int) -> list[np.ndarray] | None:
+        if self._local:
+            return None
+        p = self.config.strategy.sparsity
+        if not self._previous_global:
+            return mech.randk_mask(self._shapes, p, mech.make_rng(self.config.seed, server_round, STREAM_ROUND_MASK))
+        last_update = [w - v for w, v in zip(self._global, self._previous_global, strict=True)]
+        return mech.topk_mask(last_update, p)
+
+    def noise_support(self, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
+        if not self._local:
+            return self._round_mask
+        # As published: noise on the kept coordinates, i.e. the union of the clients' (data-dependent) supports.
+        support = [np.zeros(shape, dtype=bool) for shape in self._shapes]
+        for update in updates:
+            support = [s | (u != 0) for s, u in zip(support, update, strict=True)]
+        return support
+
+    def not_covered_reason(self) -> str | None:
+        return "data-dependent top-k support" if self._local else None
