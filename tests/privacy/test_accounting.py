@@ -44,6 +44,7 @@ def test_pld_is_tighter_than_rdp(steps: int) -> None:
     rdp = compute_epsilon(SIGMA, Q, steps, DELTA, accountant="rdp")
     prv = compute_epsilon(SIGMA, Q, steps, DELTA, accountant="prv")
     assert pld <= rdp
+    assert prv <= rdp
     assert pld == pytest.approx(prv, abs=0.05)  # both numerically tight accountants agree
 
 
