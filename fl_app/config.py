@@ -110,6 +110,8 @@ class AppConfig:
     eval_every: int
     population: Literal["virtual", "nodes"]
     round_timeout: float
+    checkpoint_every: int
+    resume: str | None
     output_dir: str | None
     strategy: StrategyConfig
     client: ClientConfig
@@ -120,6 +122,12 @@ class AppConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_raw(self) -> dict[str, Any]:
+        """The composed-config form that :func:`validate` accepts (round trip: ``validate(c.to_raw()) == c``)."""
+        raw = asdict(self)
+        raw["strategy"]["_target_"] = raw["strategy"].pop("target")
+        return raw
 
 
 def _fail(key: str, value: object, allowed: str) -> ConfigError:
@@ -370,6 +378,8 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         eval_every=_top_int(raw, "eval_every", 1),
         population=_choice(raw, "population", "", ("virtual", "nodes")),  # type: ignore[arg-type]
         round_timeout=_positive_top(raw, "round_timeout"),
+        checkpoint_every=_top_int(raw, "checkpoint_every", 0),
+        resume=_optional_path(raw, "resume"),
         output_dir=output_dir,
         strategy=_validate_strategy(raw["strategy"]),
         client=_validate_client(raw["client"]),
@@ -385,6 +395,12 @@ def _top_int(raw: Mapping[str, Any], key: str, minimum: int) -> int:
     ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
     _require(ok, key, value, f"an integer >= {minimum}")
     return int(value)  # type: ignore[arg-type]
+
+
+def _optional_path(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    _require(value is None or (isinstance(value, str) and bool(value)), key, value, "a path or null")
+    return value
 
 
 def _positive_top(raw: Mapping[str, Any], key: str) -> float:
@@ -406,7 +422,7 @@ def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
 # Run-config keys (pyproject [tool.flwr.app.config]) that select a Hydra config group.
 GROUP_KEYS = ("strategy", "client", "dataset", "model", "privacy", "simulation")
 # Run-config keys that set a top-level scalar of conf/config.yaml.
-SCALAR_KEYS = ("seed", "num_rounds", "eval_every", "population", "round_timeout")
+SCALAR_KEYS = ("seed", "num_rounds", "eval_every", "population", "round_timeout", "checkpoint_every")
 
 
 def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:

@@ -22,6 +22,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from fl_app.checkpoint import resolve_resume
 from fl_app.config import AppConfig, ConfigError, load_app_config
 from fl_app.data.datasets import DatasetUnavailableError, load_dataset
 
@@ -75,9 +76,9 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     try:
-        config = load_app_config(cfg)
+        config = resolve_resume(load_app_config(cfg))
         preflight(config)
-    except (ConfigError, DatasetUnavailableError, ValueError) as exc:
+    except (ConfigError, DatasetUnavailableError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)

@@ -103,6 +103,16 @@ class MetricsWriter:
                     handler.setLevel(max(handler.level, logging.WARNING))
             self._progress.start()
 
+    def truncate_after(self, last_round: int) -> None:
+        """Drop the lines of rounds after ``last_round`` (a resumed run redoes them), atomically."""
+        if not self.path.exists():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["round"] <= last_round]
+        fd, tmp = tempfile.mkstemp(dir=self.output_dir, prefix=".metrics.", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            fh.write("".join(line + "\n" for line in kept))
+        os.replace(tmp, self.path)
+
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(_jsonable(dict(record)), sort_keys=False)
         with self.path.open("a") as fh:

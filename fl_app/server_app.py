@@ -24,6 +24,7 @@ from hydra.utils import get_class
 
 from clients.numpy_client import resolve_device
 from clients.training import evaluate
+from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, compose_config, overrides_from_run_config
 from fl_app.data.datasets import load_dataset
 from fl_app.metrics import MetricsWriter, write_json_atomic
@@ -78,6 +79,7 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
     model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)
     initial = get_weights(model)
     evaluate_fn = make_evaluate_fn(config)
+    checkpoint = load_checkpoint(output_dir) if config.resume else None
     meta: dict[str, Any] = {
         "config": config.to_dict(),
         "strategy": type(strategy).__name__,
@@ -87,8 +89,12 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         "num_parameters": int(sum(w.size for w in initial)),
         **strategy.dp_guarantee(),
     }
+    if checkpoint is not None:
+        meta["resumed_after_round"] = checkpoint.round
     write_json_atomic(output_dir / "run.json", meta)
     metrics = MetricsWriter(output_dir, config.num_rounds, progress=progress)
+    if checkpoint is not None:
+        metrics.truncate_after(checkpoint.round)
     try:
         result = strategy.start(
             grid,
@@ -97,6 +103,8 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
             timeout=config.round_timeout,
             evaluate_fn=evaluate_fn,
             metrics=metrics,
+            checkpoint_dir=output_dir,
+            resume_from=checkpoint,
         )
     except BaseException as exc:
         meta.update(status="failed", error=f"{type(exc).__name__}: {exc}")
@@ -138,6 +146,6 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """``flwr run`` front door: compose conf/ with the run-config, validate, run."""
-    config = compose_config(overrides_from_run_config(context.run_config))
+    config = resolve_resume(compose_config(overrides_from_run_config(context.run_config)))
     output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
     run_federated(grid, config, output_dir)

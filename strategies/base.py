@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -38,6 +39,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from clients.training import LocalTrainingConfig, NoisyLocalConfig
+from fl_app.checkpoint import Checkpoint, save_checkpoint
 from fl_app.config import AppConfig
 from fl_app.instructions import (
     STREAM_SAMPLING,
@@ -399,15 +401,35 @@ class FederatedStrategy(Strategy):
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
         metrics: MetricsWriter | None = None,
+        checkpoint_dir: Path | None = None,
+        resume_from: Checkpoint | None = None,
     ) -> Result:
-        """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`."""
+        """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`.
+
+        With ``checkpoint_dir`` the state after every ``checkpoint_every``-th round (and the last) is saved
+        atomically; ``resume_from`` continues after the checkpointed round with its model and accountant.
+        """
         self.summary()
         self.population.connect(grid, timeout)
         train_config = ConfigRecord() if train_config is None else train_config
         p = self.config.privacy
         result = Result()
         arrays = initial_arrays
-        for server_round in range(1, num_rounds + 1):
+        first_round = 1
+        if resume_from is not None:
+            self.load_state(resume_from.strategy_state, resume_from.strategy_arrays)
+            arrays = ArrayRecord(resume_from.weights)
+            result.arrays = arrays
+            first_round = resume_from.round + 1
+            log(INFO, "Resuming after round %d (epsilon so far %.4g)", resume_from.round, self.epsilon())
+        elif checkpoint_dir is not None and self.config.checkpoint_every:
+            # A round-0 checkpoint, so a run killed during its first round can be resumed too.
+            state, state_arrays = self.state()
+            save_checkpoint(
+                checkpoint_dir,
+                Checkpoint(0, initial_arrays.to_numpy_ndarrays(), state, self.config.to_raw(), state_arrays),
+            )
+        for server_round in range(first_round, num_rounds + 1):
             next_eps = self.projected_epsilon() if self.private and p.max_epsilon is not None else -math.inf
             if p.max_epsilon is not None and next_eps > p.max_epsilon:
                 self.stop_reason = (
@@ -442,7 +464,27 @@ class FederatedStrategy(Strategy):
             )
             if metrics is not None:
                 metrics.write(record)
+            every = self.config.checkpoint_every
+            if checkpoint_dir is not None and every and (server_round % every == 0 or server_round == num_rounds):
+                state, state_arrays = self.state()
+                save_checkpoint(
+                    checkpoint_dir,
+                    Checkpoint(server_round, outcome.new_weights, state, self.config.to_raw(), state_arrays),
+                )
         return result
+
+    # ----- checkpoint state ---------------------------------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
+        """What a resumed run needs beyond the global model: the accountant and the previous global model."""
+        accountant = self.accountant.state_dict() if self.accountant is not None else None
+        return {"accountant": accountant}, {"previous_global": list(self._global)}
+
+    def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
+        if self.accountant is not None:
+            self.accountant.load_state_dict(state["accountant"])
+        # The global model the checkpointed round started from: the "previous global" of the next round.
+        self._global = list(arrays.get("previous_global", []))
 
 
 def _mean(values: list[float]) -> float:

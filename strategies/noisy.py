@@ -68,6 +68,14 @@ class NoisyFedAvg(FederatedStrategy):
     def account_round(self) -> None:
         self._rounds += 1
 
+    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
+        state, arrays = super().state()
+        return {**state, "gdp_rounds": self._rounds}, arrays
+
+    def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
+        super().load_state(state, arrays)
+        self._rounds = int(state["gdp_rounds"])
+
     def round_extras(self) -> dict[str, Any]:
         return {"gdp_mu": self.bound(self._rounds).mu if self._rounds else 0.0}
 

@@ -354,3 +354,11 @@ def test_composing_from_pyproject_defaults_gives_the_default_config():
     for field in dataclasses.fields(from_pyproject.privacy):
         value = getattr(from_pyproject.privacy, field.name)
         assert not (isinstance(value, float) and math.isnan(value))
+
+
+def test_to_raw_round_trips_through_validate():
+    from fl_app.config import validate
+
+    for overrides in ([], ["strategy=noisy_fedprox", "dataset.max_train_samples=100"], ["strategy=fed_smp_topk"]):
+        config = compose_config(overrides)
+        assert validate(config.to_raw()) == config

@@ -72,6 +72,23 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> No
         proc.wait(timeout=grace)
 
 
+def kill_processes_mentioning(text: str) -> int:
+    """SIGKILL every process whose command line or environment names ``text`` (e.g. a run's RAY_TMPDIR)."""
+    killed = 0
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
+            continue
+        try:
+            blob = (proc_dir / "cmdline").read_bytes() + (proc_dir / "environ").read_bytes()
+        except OSError:
+            continue
+        if text.encode() in blob:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import ROUND_FIELDS, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
-from tests.integration.conftest import ROOT, SMALL, run_hydra, simulation_superlink
+from tests.integration.conftest import ROOT, SMALL, kill_processes_mentioning, run_env, run_hydra, simulation_superlink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -144,3 +148,48 @@ def test_invalid_config_fails_with_one_clear_message_before_ray(short_tmp: Path,
     assert "Ray" not in proc.stdout + proc.stderr and "ActorPool" not in proc.stdout + proc.stderr
     assert not (short_tmp / "out" / "metrics.jsonl").exists()
     assert time.monotonic() - start < 60
+
+
+def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: Path, dp_fedsam_run: Path) -> None:
+    out = short_tmp / "out"
+    env = run_env(short_tmp)
+    log_path = short_tmp / "killed.log"
+    cmd = [sys.executable, "-m", "fl_app.main", *DP_FEDSAM, f"output_dir={out}", f"hydra.run.dir={short_tmp / 'h1'}"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            metrics_path = out / "metrics.jsonl"
+            while not (metrics_path.exists() and metrics_path.read_text().strip()):
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, "no round finished in time"
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole server process tree, mid-run
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            kill_processes_mentioning(env["RAY_TMPDIR"])
+    done_before_kill = len(read_metrics(out / "metrics.jsonl"))
+    assert done_before_kill < ROUNDS, "the run finished before it could be killed"
+    checkpointed = load_checkpoint(out).round if (out / "checkpoint.npz").exists() else 0
+    assert done_before_kill - checkpointed <= 1  # at most one round is redone
+
+    proc2 = subprocess.run(
+        [sys.executable, "-m", "fl_app.main", f"resume={out}", f"hydra.run.dir={short_tmp / 'h2'}"],
+        cwd=ROOT,
+        env=run_env(short_tmp),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc2.returncode == 0, proc2.stdout[-3000:] + proc2.stderr[-3000:]
+    resumed = read_metrics(out / "metrics.jsonl")
+    assert [r["round"] for r in resumed] == list(range(1, ROUNDS + 1))
+    reference = read_metrics(dp_fedsam_run / "metrics.jsonl")
+    assert resumed[-1]["epsilon"] == reference[-1]["epsilon"]
+    assert _comparable(resumed) == _comparable(reference)
+    a, b = np.load(out / "final_model.npz"), np.load(dp_fedsam_run / "final_model.npz")
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+    assert json.loads((out / "run.json").read_text())["resumed_after_round"] == checkpointed

@@ -664,3 +664,50 @@ def test_target_epsilon_calibrates_the_noise_multiplier():
     # The calibrated σ is what the clients are told and what is accounted.
     strategy.accountant.step(sigma, 0.1, 50)
     assert strategy.epsilon() == pytest.approx(eps, rel=1e-9)
+
+
+# ----- 8. checkpoint and resume -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["dp_fedavg", "noisy_fedavg", "fed_smp_topk"])
+def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path, name):
+    from fl_app.checkpoint import load_checkpoint
+
+    overrides = [f"strategy={name}", *SMALL_POP, "checkpoint_every=2"]
+    if name == "fed_smp_topk":
+        overrides.append("strategy.mask_source=global")  # its mask depends on the previous global model
+    initial = ArrayRecord(random_update(SMALL_SHAPES, 0.1, seed=0))
+
+    full = build(*overrides)
+    reference = full.start(FakeGrid(), initial, num_rounds=4).arrays.to_numpy_ndarrays()
+
+    first = build(*overrides)
+    first.start(FakeGrid(), initial, num_rounds=2, checkpoint_dir=tmp_path)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.round == 2
+
+    resumed = build(*overrides)
+    result = resumed.start(FakeGrid(), initial, num_rounds=4, resume_from=ckpt)
+    for a, b in zip(result.arrays.to_numpy_ndarrays(), reference, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.epsilon() == full.epsilon()
+    assert sorted(result.train_metrics_clientapp) == [3, 4]  # only the missing rounds ran
+
+
+def test_round_zero_checkpoint_is_written_before_the_first_round(tmp_path):
+    from fl_app.checkpoint import load_checkpoint
+
+    strategy = build("strategy=dp_fedavg", *SMALL_POP, "checkpoint_every=5")
+    weights = random_update(SMALL_SHAPES, 0.1, seed=0)
+
+    class StopAfterSampling(FakeGrid):
+        def send_and_receive(self, messages, timeout=None):
+            raise KeyboardInterrupt  # the server dies during round 1
+
+    with pytest.raises(KeyboardInterrupt):
+        strategy.start(StopAfterSampling(), ArrayRecord(weights), num_rounds=3, checkpoint_dir=tmp_path)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.round == 0
+    for a, b in zip(ckpt.weights, weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
