@@ -93,7 +93,7 @@ class PrivacyConfig:
     delta: float
     max_epsilon: float | None
     target_epsilon: float | None
-    secure_noise: bool
+    secure_noise: bool | Literal["auto"]
 
 
 @dataclass(frozen=True)
@@ -341,8 +341,14 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         delta=float(delta),
         max_epsilon=None if max_eps is None else float(max_eps),
         target_epsilon=None if target is None else float(target),
-        secure_noise=_boolean(section, "secure_noise", p),
+        secure_noise=_secure_noise(section),
     )
+
+
+def _secure_noise(section: Mapping[str, Any]) -> bool | Literal["auto"]:
+    value = section.get("secure_noise")
+    _require(value in (True, False, "auto"), "privacy.secure_noise", value, "auto, true or false")
+    return value  # type: ignore[return-value]
 
 
 def _validate_simulation(section: Mapping[str, Any]) -> SimulationConfig:

@@ -135,6 +135,7 @@ def make_train_instructions(
     add_noise: bool,
     noise_multiplier: float,
     expected_clients: float,
+    secure_noise: bool = False,
 ) -> TrainInstructions:
     d = config.dataset
     return TrainInstructions(
@@ -158,6 +159,6 @@ def make_train_instructions(
         add_noise=add_noise,
         noise_multiplier=noise_multiplier,
         expected_clients=expected_clients,
-        secure_noise=config.privacy.secure_noise,
+        secure_noise=secure_noise,
         device=config.simulation.device,
     )

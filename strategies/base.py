@@ -37,6 +37,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.superlink.grid import InMemoryGrid
 
 from clients.training import LocalTrainingConfig, NoisyLocalConfig
 from fl_app.checkpoint import Checkpoint, save_checkpoint
@@ -117,6 +118,8 @@ class FederatedStrategy(Strategy):
         self._round_mask: list[np.ndarray] | None = None
         self._previous_global: list[np.ndarray] = []
         self.stop_reason: str | None = None
+        # Resolved against the grid in start() when the config says "auto".
+        self.secure_noise: bool = config.privacy.secure_noise is True
 
     # ----- what the run reports about its guarantee -----------------------------------------------------------
 
@@ -124,7 +127,7 @@ class FederatedStrategy(Strategy):
     def noise_source(self) -> str:
         if not self.private:
             return "none"
-        return "os-csprng" if self.config.privacy.secure_noise else "seeded-prng (simulation; reproducible)"
+        return "os-csprng" if self.secure_noise else "seeded-prng (simulation; reproducible)"
 
     def dp_guarantee(self) -> dict[str, Any]:
         """The run's DP claim, as written into ``run.json``."""
@@ -199,7 +202,7 @@ class FederatedStrategy(Strategy):
         return mech.poisson_sample(self.num_clients, p.sample_rate, rng)
 
     def _noise_rng(self, server_round: int) -> np.random.Generator:
-        if self.config.privacy.secure_noise:
+        if self.secure_noise:
             return mech.secure_rng()
         return mech.make_rng(self.config.seed, server_round, STREAM_SERVER_NOISE)
 
@@ -250,6 +253,7 @@ class FederatedStrategy(Strategy):
             add_noise=self.private and p.placement == "client",
             noise_multiplier=self.noise_multiplier if self.private else 0.0,
             expected_clients=self.expected_clients,
+            secure_noise=self.secure_noise,
         ).to_config_record()
         messages = []
         for position, partition_id in enumerate(sampled.tolist()):
@@ -409,6 +413,9 @@ class FederatedStrategy(Strategy):
         With ``checkpoint_dir`` the state after every ``checkpoint_every``-th round (and the last) is saved
         atomically; ``resume_from`` continues after the checkpointed round with its model and accountant.
         """
+        if self.config.privacy.secure_noise == "auto":
+            # Simulation (Flower's in-memory grid) keeps reproducible seeded noise; a real SuperLink gets the CSPRNG.
+            self.secure_noise = not isinstance(grid, InMemoryGrid)
         self.summary()
         self.population.connect(grid, timeout)
         train_config = ConfigRecord() if train_config is None else train_config

@@ -57,7 +57,7 @@ class NoisyFedAvg(FederatedStrategy):
 
     @property
     def noise_source(self) -> str:
-        return "os-csprng" if self.config.privacy.secure_noise else "seeded-prng (simulation; reproducible)"
+        return "os-csprng" if self.secure_noise else "seeded-prng (simulation; reproducible)"
 
     def epsilon(self) -> float:
         return self.bound(self._rounds).epsilon if self._rounds else 0.0

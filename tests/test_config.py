@@ -78,7 +78,7 @@ def test_default_config_composes_and_validates():
     assert p.accountant == "rdp"
     assert p.delta == pytest.approx(1 / 500)
     assert p.max_epsilon is None and p.target_epsilon is None
-    assert p.secure_noise is False
+    assert p.secure_noise == "auto"
     assert config.client.momentum == 0.5 and config.client.weight_decay == 5e-4 and config.client.rho == 0.05
     assert config.client.adaptive is False
     assert (config.seed, config.num_rounds, config.eval_every, config.population) == (0, 20, 1, "virtual")
@@ -151,7 +151,7 @@ def test_valid_edge_values_are_accepted(overrides):
         (["privacy.accountant=gdp"], "privacy.accountant", "rdp, prv, pld"),
         (["privacy.max_epsilon=0"], "privacy.max_epsilon", "> 0"),
         (["privacy.target_epsilon=-1"], "privacy.target_epsilon", "> 0"),
-        (["privacy.secure_noise=maybe"], "privacy.secure_noise", "true or false"),
+        (["privacy.secure_noise=maybe"], "privacy.secure_noise", "auto, true or false"),
         (["client.lr=0"], "client.lr", "> 0"),
         (["client.lr=nan"], "client.lr", "finite"),
         (["client.momentum=1"], "client.momentum", "[0, 1)"),

@@ -51,6 +51,7 @@ def make_ins(
     clip_norm: float = C,
     noise_multiplier: float = SIGMA,
     expected_clients: float = M,
+    secure_noise: bool = False,
 ) -> TrainInstructions:
     return make_train_instructions(
         config,
@@ -61,6 +62,7 @@ def make_ins(
         add_noise=add_noise,
         noise_multiplier=noise_multiplier,
         expected_clients=expected_clients,
+        secure_noise=secure_noise,
     )
 
 
@@ -381,7 +383,7 @@ def test_noise_is_a_function_of_seed_round_and_partition(config, kind):
 
 def test_secure_noise_is_not_reproducible():
     config = compose_config(["privacy.secure_noise=true"])
-    ins = make_ins(config, RecipeSpec(kind="dense"), add_noise=True)
+    ins = make_ins(config, RecipeSpec(kind="dense"), add_noise=True, secure_noise=True)
     assert ins.secure_noise
     update = with_norm(SHAPES, 3.0, seed=17)
     a, _ = privatize_update(update, ins, partition_id=1)

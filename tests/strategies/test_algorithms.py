@@ -55,7 +55,13 @@ def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def build(*overrides: str) -> FederatedStrategy:
-    """Compose conf/ with ``overrides`` and instantiate the configured strategy class."""
+    """Compose conf/ with ``overrides`` and instantiate the configured strategy class.
+
+    The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG; the
+    tests pin the seeded streams unless they set ``privacy.secure_noise`` themselves.
+    """
+    if not any(o.startswith("privacy.secure_noise=") for o in overrides):
+        overrides = (*overrides, "privacy.secure_noise=false")
     config = compose_config(list(overrides))
     return get_class(config.strategy.target)(config)
 

@@ -52,7 +52,13 @@ def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def build(*overrides: str) -> FederatedStrategy:
-    """Compose conf/ with ``overrides`` and instantiate the configured strategy class."""
+    """Compose conf/ with ``overrides`` and instantiate the configured strategy class.
+
+    The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG; the
+    tests pin the seeded streams unless they set ``privacy.secure_noise`` themselves.
+    """
+    if not any(o.startswith("privacy.secure_noise=") for o in overrides):
+        overrides = (*overrides, "privacy.secure_noise=false")
     config = compose_config(list(overrides))
     return get_class(config.strategy.target)(config)
 
@@ -471,6 +477,28 @@ def test_same_seed_gives_identical_noise_and_other_seeds_or_rounds_do_not():
     assert np.std(first) > 0
     assert not np.array_equal(first, noisy(1, 1))
     assert not np.array_equal(first, noisy(0, 2))
+
+
+def test_secure_noise_auto_follows_the_grid():
+    from flwr.superlink.grid import InMemoryGrid
+
+    class DeploymentGrid(FakeGrid):  # anything but Flower's in-memory (simulation) grid
+        pass
+
+    class SimulationGrid(FakeGrid, InMemoryGrid):
+        def __init__(self) -> None:
+            FakeGrid.__init__(self)
+
+    weights = ArrayRecord(zeros(SMALL_SHAPES))
+    deployed = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=auto")
+    deployed.start(DeploymentGrid(), weights, num_rounds=1)
+    assert deployed.secure_noise and deployed.noise_source == "os-csprng"
+    simulated = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=auto")
+    simulated.start(SimulationGrid(), weights, num_rounds=1)
+    assert not simulated.secure_noise and simulated.noise_source.startswith("seeded")
+    forced = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=false")
+    forced.start(DeploymentGrid(), weights, num_rounds=1)
+    assert not forced.secure_noise
 
 
 def test_secure_noise_is_not_reproducible():
