@@ -104,6 +104,22 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True)
+class FaultInjectionConfig:
+    """Chaos testing: partitions whose client misbehaves on purpose (the server must cope; see README)."""
+
+    raise_partitions: tuple[int, ...] = ()
+    nan_partitions: tuple[int, ...] = ()
+    wrong_shape_partitions: tuple[int, ...] = ()
+    huge_norm_partitions: tuple[int, ...] = ()
+
+    def fault_of(self, partition_id: int) -> str:
+        for kind in ("raise", "nan", "wrong_shape", "huge_norm"):
+            if partition_id in getattr(self, f"{kind}_partitions"):
+                return kind
+        return ""
+
+
+@dataclass(frozen=True)
 class AppConfig:
     seed: int
     num_rounds: int
@@ -119,6 +135,7 @@ class AppConfig:
     model: ModelConfig
     privacy: PrivacyConfig
     simulation: SimulationConfig
+    fault_injection: FaultInjectionConfig = FaultInjectionConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,6 +144,7 @@ class AppConfig:
         """The composed-config form that :func:`validate` accepts (round trip: ``validate(c.to_raw()) == c``)."""
         raw = asdict(self)
         raw["strategy"]["_target_"] = raw["strategy"].pop("target")
+        raw["fault_injection"] = {k: list(v) for k, v in raw["fault_injection"].items()}
         return raw
 
 
@@ -345,6 +363,18 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
     )
 
 
+def _validate_faults(section: Mapping[str, Any], num_clients: int) -> FaultInjectionConfig:
+    _known_keys(section, FaultInjectionConfig, "fault_injection")
+    lists: dict[str, tuple[int, ...]] = {}
+    for key, value in section.items():
+        ok = isinstance(value, (list, tuple)) and all(
+            isinstance(v, int) and not isinstance(v, bool) and 0 <= v < num_clients for v in value
+        )
+        _require(ok, f"fault_injection.{key}", value, f"a list of partition ids in [0, {num_clients})")
+        lists[key] = tuple(int(v) for v in value)
+    return FaultInjectionConfig(**lists)
+
+
 def _secure_noise(section: Mapping[str, Any]) -> bool | Literal["auto"]:
     value = section.get("secure_noise")
     _require(value in (True, False, "auto"), "privacy.secure_noise", value, "auto, true or false")
@@ -393,6 +423,7 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         model=_validate_model(raw["model"]),
         privacy=_validate_privacy(raw["privacy"], dataset.num_clients),
         simulation=_validate_simulation(raw["simulation"]),
+        fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
     )
 
 

@@ -257,7 +257,14 @@ class FederatedStrategy(Strategy):
         ).to_config_record()
         messages = []
         for position, partition_id in enumerate(sampled.tolist()):
-            client_config = ConfigRecord({**instructions, **config, "partition_id": int(partition_id)})
+            client_config = ConfigRecord(
+                {
+                    **instructions,
+                    **config,
+                    "partition_id": int(partition_id),
+                    "fault": self.config.fault_injection.fault_of(int(partition_id)),
+                }
+            )
             content = RecordDict({"arrays": arrays, "config": client_config})
             if self._round_mask is not None:
                 content["mask"] = ArrayRecord([m.astype(np.uint8) for m in self._round_mask])

@@ -193,3 +193,40 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: P
     for key in a.files:
         np.testing.assert_array_equal(a[key], b[key])
     assert json.loads((out / "run.json").read_text())["resumed_after_round"] == checkpointed
+
+
+def test_faulty_clients_are_rejected_counted_and_the_rounds_complete(short_tmp: Path) -> None:
+    """A client that raises, one that sends NaN, one with a huge unclipped update and one with wrong shapes."""
+    proc = run_hydra(
+        short_tmp,
+        [
+            "num_rounds=2",
+            "dataset.num_clients=10",
+            "dataset.max_train_samples=1200",
+            "dataset.max_test_samples=1000",
+            "privacy.sample_rate=1.0",  # everyone, every round
+            "fault_injection.raise_partitions=[1]",
+            "fault_injection.nan_partitions=[2]",
+            "fault_injection.huge_norm_partitions=[3]",
+            "fault_injection.wrong_shape_partitions=[4]",
+        ],
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = read_metrics(short_tmp / "out" / "metrics.jsonl")
+    assert len(records) == 2
+    for r in records:
+        assert r["sampled"] == 10 and r["received"] == 10
+        assert r["failed"] == 1  # raised in fit
+        assert r["rejected_nonfinite"] == 1 and r["rejected_shape"] == 1
+        assert r["reclipped"] == 1  # the huge update was clipped to C by the server, not trusted
+        assert r["aggregated"] == 7  # 10 - raised - NaN - wrong shapes; the huge one was clipped and kept
+        assert math.isfinite(r["test_loss"]) and r["epsilon"] > 0
+    model = np.load(short_tmp / "out" / "final_model.npz")
+    assert all(np.isfinite(model[k]).all() for k in model.files)
+
+
+def test_missing_dataset_fails_before_ray_with_how_to_get_it(short_tmp: Path) -> None:
+    proc = run_hydra(short_tmp, ["dataset=cifar10", "model=resnet18", f"dataset.data_dir={short_tmp / 'nodata'}"])
+    assert proc.returncode == 2
+    assert "download" in proc.stderr and str(short_tmp / "nodata") in proc.stderr
+    assert "ActorPool" not in proc.stdout + proc.stderr
