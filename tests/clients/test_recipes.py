@@ -23,6 +23,7 @@ from clients.recipes import noise_rng, privatize_update
 from fl_app.config import AppConfig, compose_config
 from fl_app.instructions import RecipeSpec, TrainInstructions, local_training_config, make_train_instructions
 from fl_app.privacy.mechanisms import clip_update, global_l2_norm, kept_count, randk_mask
+from tests.helpers import flat, with_norm
 
 SHAPES = [(1000,), (20, 30), (7,)]
 # k_l = ⌈0.4 · d_l⌉ for SHAPES: 400, 240 and ⌈2.8⌉ = 3.
@@ -64,22 +65,6 @@ def make_ins(
         expected_clients=expected_clients,
         secure_noise=secure_noise,
     )
-
-
-def random_update(shapes, scale: float, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(scale * rng.standard_normal(shape)).astype(np.float32) for shape in shapes]
-
-
-def with_norm(shapes, norm: float, seed: int) -> list[np.ndarray]:
-    """A random float32 update with global L2 norm ``norm`` (to float32 precision)."""
-    update = random_update(shapes, 1.0, seed)
-    factor = norm / global_l2_norm(update)
-    return [(u.astype(np.float64) * factor).astype(np.float32) for u in update]
-
-
-def flat(arrays) -> np.ndarray:
-    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
 def clip(update: list[np.ndarray], clip_norm: float) -> list[np.ndarray]:

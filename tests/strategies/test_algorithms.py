@@ -16,8 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from hydra.utils import get_class
 from omegaconf import OmegaConf
 
@@ -30,6 +29,7 @@ from strategies.base import FederatedStrategy
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
+from tests.helpers import FakeGrid, build, delta, flat, prime, random_update, reply, with_norm, zeros
 
 SHAPES = [(1000,), (20, 30), (7,)]
 P = 0.4
@@ -44,91 +44,6 @@ SERVER_STD = SIGMA * C / M
 
 
 # ----- helpers (the patterns of tests/strategies/test_base.py) -------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """flwr's Message() needs the identity of the running task, which a ServerApp process sets; fake one."""
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
-def build(*overrides: str) -> FederatedStrategy:
-    """Compose conf/ with ``overrides`` and instantiate the configured strategy class.
-
-    The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG; the
-    tests pin the seeded streams unless they set ``privacy.secure_noise`` themselves.
-    """
-    if not any(o.startswith("privacy.secure_noise=") for o in overrides):
-        overrides = (*overrides, "privacy.secure_noise=false")
-    config = compose_config(list(overrides))
-    return get_class(config.strategy.target)(config)
-
-
-def random_update(shapes, scale: float, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(scale * rng.standard_normal(shape)).astype(np.float32) for shape in shapes]
-
-
-def with_norm(shapes, norm: float, seed: int) -> list[np.ndarray]:
-    update = random_update(shapes, 1.0, seed)
-    factor = norm / global_l2_norm(update)
-    return [(u.astype(np.float64) * factor).astype(np.float32) for u in update]
-
-
-def zeros(shapes) -> list[np.ndarray]:
-    return [np.zeros(shape, dtype=np.float32) for shape in shapes]
-
-
-def prime(
-    strategy: FederatedStrategy,
-    global_weights: list[np.ndarray],
-    sampled: int,
-    partitions: range = range(1000),
-    server_round: int | None = None,
-) -> None:
-    """Leave the strategy in the state ``configure_train`` leaves it in before ``aggregate`` (see test_base.py);
-    with ``server_round`` also the round's shared mask."""
-    strategy._global = [np.array(w, copy=True) for w in global_weights]
-    strategy._shapes = [tuple(w.shape) for w in global_weights]
-    strategy._sampled = sampled
-    strategy._awaiting = set(partitions)
-    if server_round is not None:
-        strategy._round_mask = strategy.round_mask(server_round)
-
-
-def train_message(partition_id: int) -> Message:
-    return Message(
-        RecordDict({"config": ConfigRecord({"partition_id": partition_id})}),
-        dst_node_id=1,
-        message_type=MessageType.TRAIN,
-    )
-
-
-def reply(
-    partition_id: int, update: list[np.ndarray], pre_clip_norm: float | None = None, to: Message | None = None
-) -> Message:
-    norm = global_l2_norm(update) if pre_clip_norm is None else pre_clip_norm
-    metrics = MetricRecord(
-        {
-            "partition_id": partition_id,
-            "pre_clip_norm": norm,
-            "train_loss": 0.1,
-            "train_accuracy": 0.5,
-            "num_examples": 10,
-        }
-    )
-    content = RecordDict({"arrays": ArrayRecord(update), "metrics": metrics})
-    return Message(content, reply_to=train_message(partition_id) if to is None else to)
-
-
-def delta(new: list[np.ndarray], old: list[np.ndarray]) -> list[np.ndarray]:
-    return [n.astype(np.float64) - o.astype(np.float64) for n, o in zip(new, old, strict=True)]
-
-
-def flat(arrays) -> np.ndarray:
-    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
 def topk_positions(layer: np.ndarray, fraction: float = P) -> np.ndarray:
@@ -148,26 +63,6 @@ def assert_masks_equal(actual, expected) -> None:
 
 def message_masks(messages: list[Message]) -> list[list[np.ndarray]]:
     return [[m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()] for msg in messages]
-
-
-class FakeGrid:
-    """The part of flwr's Grid that ``start()`` uses; every client answers a zero update."""
-
-    def __init__(self) -> None:
-        self.sent: list[list[int]] = []
-
-    def get_node_ids(self) -> list[int]:
-        return [1, 2]
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        self.sent.append([int(m.content["config"]["partition_id"]) for m in messages])
-        replies = []
-        for msg in messages:
-            pid = int(msg.content["config"]["partition_id"])
-            shapes = [w.shape for w in msg.content["arrays"].to_numpy_ndarrays()]
-            replies.append(reply(pid, zeros(shapes), pre_clip_norm=0.0, to=msg))
-        return replies
 
 
 def configure(strategy: FederatedStrategy, server_round: int, weights: list[np.ndarray]) -> list[Message]:

@@ -17,20 +17,30 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
-from hydra.utils import get_class
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
 from clients.recipes import privatize_update
 from fl_app.config import ConfigError, compose_config
 from fl_app.instructions import make_train_instructions
 from fl_app.metrics import MetricsWriter, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
-from fl_app.privacy.mechanisms import global_l2_norm
 from strategies.base import FederatedStrategy
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam import DPFedSAM
 from strategies.fedavg import FedAvg, FedSAM
+from tests.helpers import (
+    FakeGrid,
+    build,
+    delta,
+    error_reply,
+    flat,
+    prime,
+    random_update,
+    reply,
+    train_message,
+    with_norm,
+    zeros,
+)
 
 SMALL_SHAPES = [(1000,), (10, 10)]
 # >= 1e5 coordinates for the noise-law tests: the sample std of n normals has relative error ~ 1/sqrt(2n) = 0.2%.
@@ -43,130 +53,9 @@ SMALL_POP = ["dataset.num_clients=50", "privacy.sample_rate=0.2"]
 # ----- helpers ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
-    """flwr's Message() needs the identity of the running task, which a ServerApp process sets; fake one."""
-    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_run_id", 1)
-    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
-
-
-def build(*overrides: str) -> FederatedStrategy:
-    """Compose conf/ with ``overrides`` and instantiate the configured strategy class.
-
-    The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG; the
-    tests pin the seeded streams unless they set ``privacy.secure_noise`` themselves.
-    """
-    if not any(o.startswith("privacy.secure_noise=") for o in overrides):
-        overrides = (*overrides, "privacy.secure_noise=false")
-    config = compose_config(list(overrides))
-    return get_class(config.strategy.target)(config)
-
-
-def random_update(shapes, scale: float, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [(scale * rng.standard_normal(shape)).astype(np.float32) for shape in shapes]
-
-
-def with_norm(shapes, norm: float, seed: int) -> list[np.ndarray]:
-    """A random float32 update with global L2 norm ``norm`` (to float32 precision)."""
-    update = random_update(shapes, 1.0, seed)
-    factor = norm / global_l2_norm(update)
-    return [(u.astype(np.float64) * factor).astype(np.float32) for u in update]
-
-
-def zeros(shapes) -> list[np.ndarray]:
-    return [np.zeros(shape, dtype=np.float32) for shape in shapes]
-
-
-def prime(
-    strategy: FederatedStrategy, global_weights: list[np.ndarray], sampled: int, partitions: range = range(1000)
-) -> None:
-    """Leave the strategy in the state ``configure_train`` leaves it in before ``aggregate``:
-
-    ``_global`` the global model of the round, ``_shapes`` its tensor shapes (replies are checked against them),
-    ``_sampled`` the number of train messages sent (replies that never arrive are counted as failed) and
-    ``_awaiting`` the partitions whose reply is expected (any other, or a second one, is rejected).
-    """
-    strategy._global = [np.array(w, copy=True) for w in global_weights]
-    strategy._shapes = [tuple(w.shape) for w in global_weights]
-    strategy._sampled = sampled
-    strategy._awaiting = set(partitions)
-
-
-def train_message(partition_id: int) -> Message:
-    return Message(
-        RecordDict({"config": ConfigRecord({"partition_id": partition_id})}),
-        dst_node_id=1,
-        message_type=MessageType.TRAIN,
-    )
-
-
-def reply(partition_id: int, update: list[np.ndarray], pre_clip_norm: float | None = None) -> Message:
-    norm = global_l2_norm(update) if pre_clip_norm is None else pre_clip_norm
-    metrics = MetricRecord(
-        {
-            "partition_id": partition_id,
-            "pre_clip_norm": norm,
-            "train_loss": 0.1,
-            "train_accuracy": 0.5,
-            "num_examples": 10,
-        }
-    )
-    content = RecordDict({"arrays": ArrayRecord(update), "metrics": metrics})
-    return Message(content, reply_to=train_message(partition_id))
-
-
-def error_reply(partition_id: int) -> Message:
-    return Message(Error(code=1, reason="boom"), reply_to=train_message(partition_id))
-
-
-def delta(new: list[np.ndarray], old: list[np.ndarray]) -> list[np.ndarray]:
-    return [n.astype(np.float64) - o.astype(np.float64) for n, o in zip(new, old, strict=True)]
-
-
-def flat(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
-
-
 def assert_update_equal(actual: list[np.ndarray], expected: list[np.ndarray]) -> None:
     for a, e in zip(actual, expected, strict=True):
         np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-7)
-
-
-class FakeGrid:
-    """The part of flwr's Grid that ``start()`` uses; every client answers a zero update (or an error)."""
-
-    def __init__(self, mode: str = "zeros") -> None:
-        self.mode = mode
-        self.sent: list[list[int]] = []  # partition ids sent per round
-
-    def get_node_ids(self) -> list[int]:
-        return [1, 2]
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        self.sent.append([int(m.content["config"]["partition_id"]) for m in messages])
-        replies = []
-        for msg in messages:
-            pid = int(msg.content["config"]["partition_id"])
-            if self.mode == "errors":
-                replies.append(Message(Error(code=1, reason="boom"), reply_to=msg))
-                continue
-            shapes = [w.shape for w in msg.content["arrays"].to_numpy_ndarrays()]
-            metrics = MetricRecord(
-                {
-                    "partition_id": pid,
-                    "pre_clip_norm": 0.0,
-                    "train_loss": 0.1,
-                    "train_accuracy": 0.5,
-                    "num_examples": 10,
-                }
-            )
-            replies.append(
-                Message(RecordDict({"arrays": ArrayRecord(zeros(shapes)), "metrics": metrics}), reply_to=msg)
-            )
-        return replies
 
 
 # ----- 1. server placement: fixed denominator and re-clipping ----------------------------------------------------
