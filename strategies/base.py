@@ -37,6 +37,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
 from clients.training import LocalTrainingConfig, NoisyLocalConfig
@@ -421,8 +422,8 @@ class FederatedStrategy(Strategy):
         atomically; ``resume_from`` continues after the checkpointed round with its model and accountant.
         """
         if self.config.privacy.secure_noise == "auto":
-            # Simulation (Flower's in-memory grid) keeps reproducible seeded noise; a real SuperLink gets the CSPRNG.
-            self.secure_noise = not isinstance(grid, InMemoryGrid)
+            # Simulation keeps reproducible seeded noise; a real deployment gets the CSPRNG.
+            self.secure_noise = not is_simulation(grid)
         self.summary()
         self.population.connect(grid, timeout)
         train_config = ConfigRecord() if train_config is None else train_config
@@ -499,6 +500,18 @@ class FederatedStrategy(Strategy):
             self.accountant.load_state_dict(state["accountant"])
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self._global = list(arrays.get("previous_global", []))
+
+
+def is_simulation(grid: Grid) -> bool:
+    """True under Flower's simulation engine: the in-memory grid of ``run_simulation``, or a run whose primary task
+    is ``flwr-simulation`` (``flwr run`` against a ``--simulation`` SuperLink, which hands the ServerApp an HTTP
+    grid)."""
+    if isinstance(grid, InMemoryGrid):
+        return True
+    try:
+        return str(grid.run.primary_task_type) == str(TaskType.SIMULATION)
+    except Exception:  # a grid without run details (e.g. a test double) is not the simulation engine
+        return False
 
 
 def _mean(values: list[float]) -> float:

@@ -123,6 +123,8 @@ def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Pa
         )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "final_model.npz").exists(), proc.stdout[-3000:]
+    # flwr run against a --simulation SuperLink is a simulation: seeded, reproducible noise (secure_noise=auto).
+    assert json.loads((out / "run.json").read_text())["noise_source"].startswith("seeded")
     assert _comparable(read_metrics(out / "metrics.jsonl")) == _comparable(
         read_metrics(dp_fedsam_run / "metrics.jsonl")
     )
