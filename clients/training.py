@@ -115,6 +115,32 @@ def _data_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> tuple[to
     return F.cross_entropy(logits, yb), logits
 
 
+def _result(
+    params: list[torch.Tensor],
+    diverged: bool,
+    loss_sum: torch.Tensor,
+    correct: torch.Tensor,
+    seen: int,
+    n: int,
+    num_steps: int,
+) -> LocalTrainingResult:
+    """The outcome of a local procedure; weights that became non-finite count as diverged."""
+    if not diverged and params:
+        # A last step with finite loss can still overflow the weights; never report them as a success.
+        with torch.no_grad():
+            diverged = not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+    if diverged:
+        accuracy = correct.item() / seen if seen else 0.0
+        return LocalTrainingResult(loss=math.nan, accuracy=accuracy, num_examples=n, num_steps=num_steps, diverged=True)
+    return LocalTrainingResult(
+        loss=loss_sum.item() / seen,
+        accuracy=correct.item() / seen,
+        num_examples=n,
+        num_steps=num_steps,
+        diverged=False,
+    )
+
+
 def train_local(
     model: nn.Module,
     x: torch.Tensor,
@@ -226,21 +252,7 @@ def train_local(
             num_steps += 1
 
     optimizer.zero_grad(set_to_none=True)
-    if not diverged and params:
-        # A last step with finite loss can still overflow the weights; never report them as a success.
-        with torch.no_grad():
-            diverged = not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
-
-    if diverged:
-        accuracy = correct.item() / seen if seen else 0.0
-        return LocalTrainingResult(loss=math.nan, accuracy=accuracy, num_examples=n, num_steps=num_steps, diverged=True)
-    return LocalTrainingResult(
-        loss=loss_sum.item() / seen,
-        accuracy=correct.item() / seen,
-        num_examples=n,
-        num_steps=num_steps,
-        diverged=False,
-    )
+    return _result(params, diverged, loss_sum, correct, seen, n, num_steps)
 
 
 def evaluate(
@@ -448,17 +460,4 @@ def train_local_noisy(
         seen += b
         num_steps += 1
 
-    if not diverged and params:
-        with torch.no_grad():
-            diverged = not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
-
-    if diverged:
-        accuracy = correct.item() / seen if seen else 0.0
-        return LocalTrainingResult(loss=math.nan, accuracy=accuracy, num_examples=n, num_steps=num_steps, diverged=True)
-    return LocalTrainingResult(
-        loss=loss_sum.item() / seen,
-        accuracy=correct.item() / seen,
-        num_examples=n,
-        num_steps=num_steps,
-        diverged=False,
-    )
+    return _result(params, diverged, loss_sum, correct, seen, n, num_steps)

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fl_app.atomic import atomic_write
 from fl_app.config import AppConfig, validate
 
 CHECKPOINT_FILE = "checkpoint.npz"
@@ -51,16 +50,8 @@ def save_checkpoint(output_dir: Path, ckpt: Checkpoint) -> Path:
     arrays = {f"w{i:04d}": w for i, w in enumerate(ckpt.weights)}
     for name, values in ckpt.strategy_arrays.items():
         arrays.update({f"s_{name}_{i:04d}": v for i, v in enumerate(values)})
-    fd, tmp = tempfile.mkstemp(dir=output_dir, prefix=f".{CHECKPOINT_FILE}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "wb") as fh:
+        np.savez(fh, __meta__=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
     return path
 
 

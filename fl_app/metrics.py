@@ -9,9 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Mapping
 from logging import INFO
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 
 from flwr.common.logger import log
 
+from fl_app.atomic import atomic_write
 from fl_app.privacy.mechanisms import CLIPPING_STATS_KEYS
 
 ROUND_FIELDS = (
@@ -58,17 +57,8 @@ def _jsonable(value: Any) -> Any:
 
 def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
     """Write JSON through a temp file + rename so a crash never leaves a half-written file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(_jsonable(dict(payload)), fh, indent=2, sort_keys=True)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path) as fh:
+        json.dump(_jsonable(dict(payload)), fh, indent=2, sort_keys=True)
 
 
 class MetricsWriter:
@@ -108,10 +98,8 @@ class MetricsWriter:
         if not self.path.exists():
             return
         kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["round"] <= last_round]
-        fd, tmp = tempfile.mkstemp(dir=self.output_dir, prefix=".metrics.", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
+        with atomic_write(self.path) as fh:
             fh.write("".join(line + "\n" for line in kept))
-        os.replace(tmp, self.path)
 
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(_jsonable(dict(record)), sort_keys=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
-import tempfile
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from hydra.utils import get_class
 
 from clients.numpy_client import resolve_device
 from clients.training import evaluate
+from fl_app.atomic import atomic_write
 from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, compose_config, overrides_from_run_config
 from fl_app.data.datasets import load_dataset
@@ -61,14 +61,8 @@ def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
 
 
 def _save_model_atomic(path: Path, names: list[str], weights: list[np.ndarray]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **dict(zip(names, weights, strict=True)))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "wb") as fh:
+        np.savez(fh, **dict(zip(names, weights, strict=True)))
 
 
 def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: bool | None = None) -> Result:
