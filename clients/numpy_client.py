@@ -8,6 +8,7 @@ dataset read or a model build.
 from __future__ import annotations
 
 import functools
+import time
 
 import numpy as np
 import torch
@@ -70,6 +71,7 @@ class DPClient(NumPyClient):
         self.shared_mask = shared_mask
 
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
+        fit_started = time.time()
         ins = TrainInstructions.from_config(config)
         device = resolve_device(ins.device)
         x, y = client_data(ins.data, self.partition_id)
@@ -77,6 +79,9 @@ class DPClient(NumPyClient):
         set_weights(model, parameters)
         seed = int(make_rng(ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, self.partition_id).integers(2**62))
         generator = torch.Generator().manual_seed(seed)
+        # Wall-clock stamps (seconds since the epoch) for startup profiling: fit entry, then the first local step
+        # after data, partition and model are ready (bench/ reports the difference as the worker's setup cost).
+        train_started = time.time()
         if ins.noisy_training is not None:
             result = train_local_noisy(
                 model, x, y, ins.noisy_training, ins.server_round, generator=generator, device=device
@@ -111,5 +116,7 @@ class DPClient(NumPyClient):
             "train_loss": result.loss,
             "train_accuracy": result.accuracy,
             "num_steps": result.num_steps,
+            "fit_started_unix": fit_started,
+            "train_started_unix": train_started,
         }
         return sent, result.num_examples, metrics

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import time
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,7 @@ def _save_model_atomic(path: Path, names: list[str], weights: list[np.ndarray]) 
 
 def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: bool | None = None) -> Result:
     """Run one federated training with ``config`` on ``grid``; write metrics, run metadata and the final model."""
+    started_unix = time.time()
     output_dir.mkdir(parents=True, exist_ok=True)
     log(INFO, "Run output directory: %s", output_dir)
     strategy = build_strategy(config)
@@ -79,6 +81,8 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         "strategy": type(strategy).__name__,
         "status": "running",
         "started": dt.datetime.now().isoformat(timespec="seconds"),
+        # When the ServerApp began (seconds since the epoch; startup profiling in bench/).
+        "started_unix": started_unix,
         "host": platform.node(),
         "num_parameters": int(sum(w.size for w in initial)),
         **strategy.dp_guarantee(),

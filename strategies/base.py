@@ -57,6 +57,8 @@ from strategies.population import Population
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
 REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
+#: Optional wall-clock stamps a client may send (startup profiling, bench/); the round keeps the earliest.
+CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
 
 EvaluateFn = Callable[[list[np.ndarray]], tuple[float, float]]
 
@@ -309,7 +311,9 @@ class FederatedStrategy(Strategy):
             return "failed", reply.error.reason[:300]
         try:
             update = reply.content["arrays"].to_numpy_ndarrays()
-            metrics = {k: float(reply.content["metrics"][k]) for k in REQUIRED_CLIENT_METRICS}
+            sent = reply.content["metrics"]
+            metrics = {k: float(sent[k]) for k in REQUIRED_CLIENT_METRICS}
+            metrics.update({k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent})
         except (KeyError, TypeError, ValueError) as exc:
             return "malformed", f"missing or non-numeric field ({exc!r})"
         partition_id = int(metrics["partition_id"])
@@ -369,6 +373,10 @@ class FederatedStrategy(Strategy):
             # For the non-private references the statistics say what clipping at C would have done.
             **mech.clipping_stats(norms, p.clip_norm),
             "client_norms": norms,
+            **{
+                f"first_{key}": min((m[key] for _, _, m in accepted if key in m), default=math.nan)
+                for key in CLIENT_TIMESTAMPS
+            },
         }
         return RoundOutcome(new_weights=new_weights, stats=stats)
 
@@ -474,6 +482,7 @@ class FederatedStrategy(Strategy):
                 test_loss = test_acc = math.nan
             record["test_loss"], record["test_accuracy"] = test_loss, test_acc
             record["wall_time_s"] = time.perf_counter() - t0
+            record["finished_unix"] = time.time()
             result.train_metrics_clientapp[server_round] = MetricRecord(
                 {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
             )

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.integration.conftest import BIN, ROOT, run_env, stop_process_group, wait_for_port
+from bench.processes import BIN, ROOT, run_env, stop_process_group, wait_for_port
 
 CONNECTION = "deploy"
 MAKE_CERTS = ROOT / "scripts" / "make_certs.sh"

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.processes import ROOT, run_env
 from fl_app.metrics import read_metrics
-from tests.integration.conftest import ROOT, SMALL, run_env
+from tests.integration.conftest import SMALL
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 

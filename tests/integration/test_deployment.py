@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.processes import BIN, ROOT, stop_process_group
 from fl_app.metrics import read_metrics
-from tests.integration.conftest import BIN, ROOT, stop_process_group
 from tests.integration.deploy import Deployment, deploy_run_config, deployment, flwr_run, start_flwr_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

@@ -1,0 +1,152 @@
+"""The physical-limit reference: DP-FedAvg / DP-FedSAM as one plain PyTorch loop, no Flower, no Ray.
+
+For a validated :class:`~fl_app.config.AppConfig` and its seed, round t = 1..T does exactly what the app does
+(strategies/base.py steps 2–6, clients/training.py, SPEC §1–§3), in one process:
+
+* sample the clients from the stream ``(seed, t, SAMPLING)`` (Poisson(q) or fixed-size m = qM),
+* for each sampled partition, in partition order: load the global weights, run E local epochs of SGD (momentum,
+  weight decay, η_t = η·decay^(t−1)) or SAM (ρ‖g‖-normalised ascent, descent from the unperturbed weights) over
+  mini-batches shuffled by the stream ``(seed, t, CLIENT_SHUFFLE, partition)``, and clip Δ to C,
+* average with the fixed denominator m, add N(0, σ²C²/m²) from ``(seed, t, SERVER_NOISE)``, w ← w + η_g·avg.
+
+The local loop is written out here with ``torch.optim.SGD`` (not imported from clients/), so agreement with
+the app is a real cross-check of the Flower plumbing, the sampling and the training order. The mechanism math
+(clip, noise std, the noise draw, the fixed-denominator average) is the app's own single implementation in
+:mod:`fl_app.privacy.mechanisms`: those are pure NumPy functions with no framework in them.
+
+Covers the dense, server-placement recipes: ``dp_fedavg``, ``dp_fedsam``, ``fedavg``, ``fedsam`` (for the
+non-private two the mean is over the updates, unclipped and noiseless).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fl_app.config import AppConfig
+from fl_app.data.datasets import load_dataset
+from fl_app.data.partition import get_partition
+from fl_app.instructions import STREAM_CLIENT_SHUFFLE, STREAM_SAMPLING, STREAM_SERVER_NOISE
+from fl_app.models import build_model_for_dataset, get_weights, set_weights
+from fl_app.privacy import mechanisms as mech
+
+#: strategy name → (local optimizer, private)
+SUPPORTED = {"dp_fedavg": ("sgd", True), "dp_fedsam": ("sam", True), "fedavg": ("sgd", False), "fedsam": ("sam", False)}
+
+
+@dataclass
+class BaselineResult:
+    weights: list[np.ndarray]
+    round_seconds: list[float] = field(default_factory=list)
+    clients_per_round: list[int] = field(default_factory=list)
+    first_step_seconds: float = math.nan  # from run_baseline's start to the first local step
+
+
+def _local_sgd_or_sam(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    config: AppConfig,
+    server_round: int,
+    use_sam: bool,
+    generator: torch.Generator,
+) -> None:
+    c = config.client
+    params = list(model.parameters())
+    optimizer = torch.optim.SGD(
+        params, lr=c.lr * c.lr_decay ** (server_round - 1), momentum=c.momentum, weight_decay=c.weight_decay
+    )
+    n = int(x.shape[0])
+    model.train()
+    for _ in range(c.local_epochs):
+        perm = torch.randperm(n, generator=generator)
+        for start in range(0, n, c.batch_size):
+            idx = perm[start : start + c.batch_size]
+            xb, yb = x[idx], y[idx]
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(xb), yb).backward()
+            if use_sam:
+                with torch.no_grad():
+                    norms = [torch.linalg.vector_norm(p.grad) for p in params]
+                    grad_norm = torch.linalg.vector_norm(torch.stack(norms))
+                    scale = c.rho / (grad_norm + 1e-12)
+                    unperturbed = [p.detach().clone() for p in params]
+                    for p in params:
+                        p.add_(p.grad * scale)
+                optimizer.zero_grad(set_to_none=True)
+                F.cross_entropy(model(xb), yb).backward()
+                with torch.no_grad():
+                    for p, w in zip(params, unperturbed, strict=True):
+                        p.copy_(w)
+            optimizer.step()
+
+
+def run_baseline(
+    config: AppConfig,
+    num_rounds: int | None = None,
+    on_first_step: Callable[[], None] | None = None,
+) -> BaselineResult:
+    """Train ``config`` for ``num_rounds`` (default ``config.num_rounds``) rounds; returns the global model."""
+    name = config.strategy.name
+    if name not in SUPPORTED:
+        raise ValueError(f"the baseline loop covers {sorted(SUPPORTED)}, not {name!r}")
+    if config.privacy.placement != "server" or config.privacy.target_epsilon is not None:
+        raise ValueError("the baseline loop covers privacy.placement=server with a given noise_multiplier")
+    optimizer_kind, private = SUPPORTED[name]
+    started = time.perf_counter()
+    d, p = config.dataset, config.privacy
+    train, _ = load_dataset(d.name, d.data_dir, download=d.download)
+    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed)
+    weights = get_weights(model)
+    shapes = [w.shape for w in weights]
+    m = float(round(p.sample_rate * d.num_clients)) if p.sampling == "fixed" else p.sample_rate * d.num_clients
+    result = BaselineResult(weights=weights)
+    for t in range(1, (config.num_rounds if num_rounds is None else num_rounds) + 1):
+        t0 = time.perf_counter()
+        rng = mech.make_rng(config.seed, t, STREAM_SAMPLING)
+        if p.sampling == "fixed":
+            sampled = mech.fixed_size_sample(d.num_clients, int(m), rng)
+        else:
+            sampled = mech.poisson_sample(d.num_clients, p.sample_rate, rng)
+        updates = []
+        for pid in sorted(sampled.tolist()):
+            indices = get_partition(
+                d.name, d.data_dir, d.partition, d.num_clients, d.alpha, config.seed, pid,
+                num_samples=d.max_train_samples or None,
+            )  # fmt: skip
+            idx = torch.from_numpy(indices.copy())
+            x, y = train.x[idx], train.y[idx].long()
+            if len(idx) == 0:
+                updates.append([np.zeros(s, dtype=np.float32) for s in shapes])
+                continue
+            set_weights(model, weights)
+            shuffle_seed = int(mech.make_rng(config.seed, t, STREAM_CLIENT_SHUFFLE, pid).integers(2**62))
+            if on_first_step is not None and math.isnan(result.first_step_seconds):
+                result.first_step_seconds = time.perf_counter() - started
+                on_first_step()
+            generator = torch.Generator().manual_seed(shuffle_seed)
+            _local_sgd_or_sam(model, x, y, config, t, optimizer_kind == "sam", generator)
+            update = [new - old for new, old in zip(get_weights(model), weights, strict=True)]
+            updates.append(mech.clip_update(update, p.clip_norm)[0] if private else update)
+        if private:
+            average = mech.uniform_average(updates, m, shapes)
+            std = mech.gaussian_noise_std(p.noise_multiplier, p.clip_norm, m, "server")
+            average = mech.add_gaussian_noise(average, std, mech.make_rng(config.seed, t, STREAM_SERVER_NOISE))
+        else:
+            average = mech.uniform_average(updates, max(len(updates), 1), shapes)
+        eta = config.strategy.server_lr
+        weights = [
+            (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
+            for w, a in zip(weights, average, strict=True)
+        ]
+        result.round_seconds.append(time.perf_counter() - t0)
+        result.clients_per_round.append(len(updates))
+    result.weights = weights
+    return result

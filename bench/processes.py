@@ -1,0 +1,180 @@
+"""Local Flower/Ray processes for benchmarks and integration tests: isolated environments, a real
+``flower-superlink --simulation`` on a free 127.0.0.1 port, clean shutdown, and the peak memory of a run's
+whole process tree (driver, Ray's GCS/raylet, every worker).
+
+Every run gets its own ``RAY_TMPDIR`` and ``FLWR_HOME``, and runtime dependency installation is off, so nothing
+is shared with (or leaked into) other runs on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def run_env(tmp: Path) -> dict[str, str]:
+    """The environment of one isolated run below ``tmp``."""
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # Ray's socket paths must stay short, so not under a long tmp path.
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="ray", dir="/tmp")
+    env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+    env["FLWR_HOME"] = str(tmp / "flwr_home")
+    env["DPFEDSAM_RUNS_DIR"] = str(tmp / "runs")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """SIGTERM the process group started with start_new_session=True, then SIGKILL what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace)
+
+
+def processes_mentioning(text: str) -> list[psutil.Process]:
+    """Every process (but this one) whose command line or environment names ``text``, e.g. a run's RAY_TMPDIR:
+    Ray daemonises some of its processes, so the parent-child tree alone can miss them."""
+    found = []
+    needle = text.encode()
+    for proc_dir in Path("/proc").iterdir():
+        if not proc_dir.name.isdigit() or int(proc_dir.name) == os.getpid():
+            continue
+        try:
+            blob = (proc_dir / "cmdline").read_bytes() + (proc_dir / "environ").read_bytes()
+            if needle in blob:
+                found.append(psutil.Process(int(proc_dir.name)))
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def kill_processes_mentioning(text: str) -> int:
+    """SIGKILL every process whose command line or environment names ``text``; returns how many."""
+    killed = 0
+    for proc in processes_mentioning(text):
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+            killed += 1
+    return killed
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening on {port}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+@contextlib.contextmanager
+def simulation_superlink(tmp: Path, env: dict[str, str] | None = None) -> Iterator[tuple[str, dict[str, str]]]:
+    """A real ``flower-superlink --simulation`` on a free port with its own FLWR_HOME; yields (connection, env)
+    for ``flwr run . <connection>``. Stopped (process group) on exit."""
+    env = run_env(tmp) if env is None else env
+    port = free_port()
+    home = Path(env["FLWR_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    log = (tmp / "superlink.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(BIN / "flower-superlink"),
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--disable-runtime-dependency-installation",
+        ],
+        cwd=tmp,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for_port(port, proc)
+        yield "test", env
+    finally:
+        stop_process_group(proc)
+        log.close()
+
+
+def tree_rss(root_pid: int, marker: str | None = None) -> int:
+    """Resident memory (bytes) summed over ``root_pid``, its descendants and every process naming ``marker``."""
+    procs: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(root_pid)
+        procs[root.pid] = root
+        procs.update({p.pid: p for p in root.children(recursive=True)})
+    if marker:
+        procs.update({p.pid: p for p in processes_mentioning(marker)})
+    total = 0
+    for proc in procs.values():
+        with contextlib.suppress(psutil.Error):
+            total += proc.memory_info().rss
+    return total
+
+
+class PeakRSSMonitor:
+    """Samples :func:`tree_rss` in a background thread; ``peak`` is the largest sum seen (bytes).
+
+    Summed RSS counts shared pages (e.g. torch's libraries) once per process: it is the "all processes of the
+    run" figure, an upper bound on the physical memory the run needs.
+    """
+
+    def __init__(self, root_pid: int, marker: str | None = None, interval: float = 0.25) -> None:
+        self.root_pid = root_pid
+        self.marker = marker
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, tree_rss(self.root_pid, self.marker))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakRSSMonitor:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
