@@ -20,17 +20,19 @@ non-private two the mean is over the updates, unclipped and noiseless).
 
 from __future__ import annotations
 
-import math
+import argparse
+import json
+import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fl_app.config import AppConfig
+from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, STREAM_SAMPLING, STREAM_SERVER_NOISE
@@ -46,7 +48,6 @@ class BaselineResult:
     weights: list[np.ndarray]
     round_seconds: list[float] = field(default_factory=list)
     clients_per_round: list[int] = field(default_factory=list)
-    first_step_seconds: float = math.nan  # from run_baseline's start to the first local step
 
 
 def _local_sgd_or_sam(
@@ -91,7 +92,7 @@ def _local_sgd_or_sam(
 def run_baseline(
     config: AppConfig,
     num_rounds: int | None = None,
-    on_first_step: Callable[[], None] | None = None,
+    device: str = "cpu",
 ) -> BaselineResult:
     """Train ``config`` for ``num_rounds`` (default ``config.num_rounds``) rounds; returns the global model."""
     name = config.strategy.name
@@ -100,10 +101,9 @@ def run_baseline(
     if config.privacy.placement != "server" or config.privacy.target_epsilon is not None:
         raise ValueError("the baseline loop covers privacy.placement=server with a given noise_multiplier")
     optimizer_kind, private = SUPPORTED[name]
-    started = time.perf_counter()
     d, p = config.dataset, config.privacy
     train, _ = load_dataset(d.name, d.data_dir, download=d.download)
-    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed)
+    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device)
     weights = get_weights(model)
     shapes = [w.shape for w in weights]
     m = float(round(p.sample_rate * d.num_clients)) if p.sampling == "fixed" else p.sample_rate * d.num_clients
@@ -122,15 +122,12 @@ def run_baseline(
                 num_samples=d.max_train_samples or None,
             )  # fmt: skip
             idx = torch.from_numpy(indices.copy())
-            x, y = train.x[idx], train.y[idx].long()
+            x, y = train.x[idx].to(device), train.y[idx].to(device=device, dtype=torch.long)
             if len(idx) == 0:
                 updates.append([np.zeros(s, dtype=np.float32) for s in shapes])
                 continue
             set_weights(model, weights)
             shuffle_seed = int(mech.make_rng(config.seed, t, STREAM_CLIENT_SHUFFLE, pid).integers(2**62))
-            if on_first_step is not None and math.isnan(result.first_step_seconds):
-                result.first_step_seconds = time.perf_counter() - started
-                on_first_step()
             generator = torch.Generator().manual_seed(shuffle_seed)
             _local_sgd_or_sam(model, x, y, config, t, optimizer_kind == "sam", generator)
             update = [new - old for new, old in zip(get_weights(model), weights, strict=True)]
@@ -150,3 +147,31 @@ def run_baseline(
         result.clients_per_round.append(len(updates))
     result.weights = weights
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.baseline [hydra overrides] --threads N --device cpu|cuda --out result.json``."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for fl_app.main")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--out", type=Path, required=True, help="JSON result; the model goes next to it (.npz)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    result = run_baseline(compose_config(args.overrides), device=args.device)
+    weights_file = args.out.with_suffix(".npz")
+    np.savez(weights_file, *result.weights)
+    summary = {
+        "round_seconds": result.round_seconds,
+        "clients_per_round": result.clients_per_round,
+        "threads": torch.get_num_threads(),
+        "device": args.device,
+        "weights_file": str(weights_file),
+    }
+    args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
