@@ -1,7 +1,7 @@
 """Loss landscape around a saved global model: ``python -m fl_app.landscape RUN_DIR [RUN_DIR ...]``.
 
-The DP-FedSAM papers compare the loss surfaces of the global models of DP-FedAvg and DP-FedSAM (conference
-paper Fig. 1, journal Figs. 1 and 3): DP-FedSAM's surface is flatter around the solution. We draw them as Li et al.
+The DP-FedSAM papers compare the loss surfaces of the global models of DP-FedAvg and DP-FedSAM (their Figs. 1
+and 3): DP-FedSAM's surface is flatter around the solution. We draw them as Li et al.
 (2018), "Visualizing the Loss Landscape of Neural Nets" (NeurIPS), Sect. 4, with *filter-normalised* random
 directions:
 
@@ -312,7 +312,7 @@ def plot_2d(grid: np.ndarray, losses: np.ndarray, labels: Sequence[str], path: P
     """Contours side by side on one colour scale, so flatter basins are comparable at a glance."""
     plt = _pyplot()
     n = len(labels)
-    fig, axes = plt.subplots(1, n, figsize=(5 * n + 1, 4.6), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(5 * n + 1.5, 4.8), squeeze=False, layout="constrained")
     finite = losses[np.isfinite(losses)]
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     levels = np.linspace(lo, hi if hi > lo else lo + 1e-6, 25)
@@ -429,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         if losses_2d:
             plot_2d(grid, arrays["losses_2d"], labels, out_dir / "landscape_2d.png")
             written.append("landscape_2d.png")
+        else:  # do not leave an earlier 2-D plot next to this run's data
+            (out_dir / "landscape_2d.png").unlink(missing_ok=True)
     except ImportError as exc:
         print(f"warning: plots skipped ({exc}); install matplotlib", file=sys.stderr)
     print(json.dumps(summaries, indent=2))

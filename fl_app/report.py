@@ -4,7 +4,7 @@ Collects every run below a Hydra sweep directory (``python -m fl_app.main --mult
 ``--out`` (default ``<sweep dir>/report/``): ``table.md`` (also printed), ``table.csv`` (long form), ``runs.csv``
 (one row per run, missing jobs included) and PNG plots.
 
-Table layout (DP-FedSAM conference Tables 1-2 / journal Tables 2-4): one row per value of ``--rows`` (default the
+Table layout (as in the DP-FedSAM papers' result tables): one row per value of ``--rows`` (default the
 strategy name), one column group per combination of the ``--cols`` keys (default: every swept key except the row
 key and ``seed``), and in every group, over the seeds of that cell:
 
@@ -12,8 +12,7 @@ key and ``seed``), and in every group, over the seeds of that cell:
   seeds ("best-averaged", as the papers report it);
 - **final**: test accuracy of the last evaluated round;
 - **train**: ``train_accuracy`` of the last round, i.e. the mean local training accuracy of that round's clients;
-- **gap**: train − final test accuracy (last round), in percentage points: the generalisation gap the
-  DP-FedSAM papers discuss;
+- **gap**: train − final test accuracy (last round), in percentage points (a generalisation gap);
 - **ε**: the accountant's ε after the last round ("-" for non-private runs).
 
 Accuracies are percentages with two decimals, ``mean ± std`` with the sample standard deviation (ddof = 1);
@@ -25,7 +24,11 @@ its ε budget) and it has metrics; anything else (``failed``, still ``running`` 
 ``run.json``) is *failed/incomplete*; a job the sweep's cartesian product expects (``multirun.yaml``,
 ``hydra.overrides.task``) with no job directory is *missing*. Each gets its own line under the table; a cell with
 no completed seed reads ``missing`` or ``failed (k/n)`` (k of its n expected seeds failed), and a cell with some
-seeds completed averages those and says ``(k/n seeds)``.
+seeds completed averages those and says ``(k/n seeds)``. An expected job counts as present when a job directory
+of its sweep has the same override values (``.hydra/overrides.yaml``, else the config).
+
+``table.csv`` holds the table's numbers in its units (accuracy and gap in %, ε as is) with the seed counts;
+``runs.csv`` keeps ``metrics.jsonl``'s units (accuracies as fractions).
 
 Keys are dotted config paths (``dataset.alpha``, ``privacy.target_epsilon``, ``strategy.sparsity``) or
 ``strategy`` (``config.strategy.name``), read from ``run.json["config"]`` and else from ``.hydra/overrides.yaml``.
@@ -689,6 +692,12 @@ def _pyplot() -> Any:
     return plt
 
 
+def _integer_locator() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def round_series(runs: Sequence[RunRecord], key: str) -> tuple[list[int], list[float], list[float]]:
     """Per round: mean and sample std (0 for one run) of ``key`` over the runs that have it at that round."""
     by_round: dict[int, list[float]] = {}
@@ -722,6 +731,7 @@ def _line_plot(report: Report, key: str, scale: float, ylabel: str, title: str, 
     else:
         ax.text(0.5, 0.5, f"no {key} recorded", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("round")
+    ax.xaxis.set_major_locator(_integer_locator())
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -786,6 +796,7 @@ def plot_norm_histogram(report: Report, path: Path) -> Path:
     if drawn:
         ax_r.legend(fontsize="small")
     ax_r.set_xlabel("round")
+    ax_r.xaxis.set_major_locator(_integer_locator())
     ax_r.set_ylabel("mean ‖Δ‖")
     ax_r.set_title("Mean client update norm per round")
     ax_r.grid(alpha=0.3)

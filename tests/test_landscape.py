@@ -143,7 +143,7 @@ def test_cli_on_fabricated_runs(tmp_path: Path, capsys: pytest.CaptureFixture[st
         pytest.skip(f"Fashion-MNIST not installed ({FASHION_MNIST_SYSTEM_DIR})")
     runs = [_fake_run(tmp_path, "dp_fedavg", 0), _fake_run(tmp_path, "dp_fedsam", 1)]
     out = tmp_path / "out"
-    args = [*map(str, runs), "--out", str(out), "--points", "5", "--samples", "200", "--device", "cpu"]
+    args = [*map(str, runs), "--out", str(out), "--points", "5", "--samples", "100", "--device", "cpu"]
     assert main(args) == 0
     capsys.readouterr()
     for name in ("landscape_1d.png", "landscape_2d.png"):
