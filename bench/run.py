@@ -56,6 +56,12 @@ QUICK_OVERRIDES = ["dataset.max_train_samples=6000", "dataset.max_test_samples=1
 P3_POPULATIONS = (100, 500, 5000)
 
 
+def with_overrides(overrides: list[str], *extra: str) -> list[str]:
+    """``overrides`` with the keys of ``extra`` replaced (Hydra rejects a key given twice)."""
+    keys = {item.split("=", 1)[0] for item in extra}
+    return [item for item in overrides if item.split("=", 1)[0] not in keys] + list(extra)
+
+
 def _hydra_cmd(overrides: list[str], out: Path) -> list[str]:
     return [sys.executable, "-m", "fl_app.main", *overrides, f"output_dir={out}", f"hydra.run.dir={out}/hydra"]
 
@@ -107,7 +113,7 @@ def p1_startup(overrides: list[str], tmp: Path) -> dict[str, Any]:
     hydra_out = tmp / "p1_hydra"
     env = run_env(tmp / "p1h")
     t0 = time.time()
-    _run_logged(_hydra_cmd([*overrides, "num_rounds=1"], hydra_out), env, tmp / "p1_hydra.log", 900)
+    _run_logged(_hydra_cmd(with_overrides(overrides, "num_rounds=1"), hydra_out), env, tmp / "p1_hydra.log", 900)
     result["hydra"] = _startup_split(t0, hydra_out)
 
     flwr_out = tmp / "p1_flwr"
@@ -139,8 +145,7 @@ def _baseline(overrides: list[str], num_rounds: int, tmp: Path, threads: int, de
         sys.executable,
         "-m",
         "bench.baseline",
-        *overrides,
-        f"num_rounds={num_rounds}",
+        *with_overrides(overrides, f"num_rounds={num_rounds}"),
         "--threads",
         str(threads),
         "--device",
@@ -157,7 +162,8 @@ def p2_steady_state(overrides: list[str], num_rounds: int, tmp: Path, device: st
     extra = ["simulation.device=cuda", "simulation.client_gpus=0.5"] if device == "cuda" else []
     app_out = tmp / f"p2_app_{device}"
     env = run_env(tmp / f"p2_{device}")
-    _run_logged(_hydra_cmd([*overrides, *extra, f"num_rounds={num_rounds}"], app_out), env, tmp / "p2.log", 3600)
+    cmd = _hydra_cmd(with_overrides(overrides, *extra, f"num_rounds={num_rounds}"), app_out)
+    _run_logged(cmd, env, tmp / "p2.log", 3600)
     records = read_metrics(app_out / "metrics.jsonl")
     app_rounds = _app_round_seconds(records)
     loop = _baseline(overrides, num_rounds, tmp, threads=cores, device=device)
@@ -170,7 +176,11 @@ def p2_steady_state(overrides: list[str], num_rounds: int, tmp: Path, device: st
         float(np.abs(a - np.asarray(b, dtype=np.float32)).max())
         for a, b in zip(app_weights, _load_weights(reference["weights_file"]), strict=True)
     )
-    clients = statistics.mean(r["aggregated"] for r in records[2 : num_rounds - 1])
+    steady = records[2 : num_rounds - 1]
+    clients = statistics.mean(r["aggregated"] for r in steady)
+    # Where an app round goes: clients phase (messages out, training, replies in), server aggregation, and the
+    # rest (accounting, metrics line, checkpoint, next round's messages).
+    split = {key: statistics.mean(r[key] for r in steady) for key in ("clients_phase_s", "aggregate_s")}
     app_s, loop_s = statistics.mean(app_rounds), statistics.mean(loop_rounds)
     result: dict[str, Any] = {
         "device": device,
@@ -180,6 +190,9 @@ def p2_steady_state(overrides: list[str], num_rounds: int, tmp: Path, device: st
         "app_round_s_each": app_rounds,
         "loop_round_s": loop_s,
         "loop_round_s_each": loop_rounds,
+        "app_clients_phase_s": split["clients_phase_s"],
+        "app_aggregate_s": split["aggregate_s"],
+        "app_other_s": statistics.mean(app_rounds) - split["clients_phase_s"] - split["aggregate_s"],
         "loop_threads": loop["threads"],
         "ratio_app_over_loop": app_s / loop_s,
         "app_updates_per_s": clients / app_s,
@@ -203,12 +216,12 @@ def p3_memory(overrides: list[str], tmp: Path, clients_per_round: int = 20, roun
     for population in P3_POPULATIONS:
         out = tmp / f"p3_{population}"
         env = run_env(tmp / f"p3m{population}")
-        run_overrides = [
-            *overrides,
+        run_overrides = with_overrides(
+            overrides,
             f"dataset.num_clients={population}",
             f"privacy.sample_rate={clients_per_round / population}",
             f"num_rounds={rounds}",
-        ]
+        )
         log = (tmp / f"p3_{population}.log").open("wb")
         cmd = _hydra_cmd(run_overrides, out)
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -296,6 +309,10 @@ def to_markdown(results: dict[str, Any]) -> str:
                 f"| {key} steady state, {p2['device']}: app / loop per round | **{p2['ratio_app_over_loop']:.3f}** "
                 f"({p2['app_round_s']:.2f} s / {p2['loop_round_s']:.2f} s, loop {p2['loop_threads']} threads)"
                 " | ≤ 1.10 |"
+            )
+            lines.append(
+                f"| {key} app round split (s) | clients phase {p2['app_clients_phase_s']:.2f}, aggregation "
+                f"{p2['app_aggregate_s']:.2f}, other {p2['app_other_s']:.2f} | |"
             )
             if "ratio_app_over_loop_1thread" in p2:
                 lines.append(

@@ -101,6 +101,9 @@ class SimulationConfig:
     client_cpus: float
     client_gpus: float
     device: Literal["auto", "cpu", "cuda"]
+    #: CPUs one simulation may use (Ray's num_cpus and the server's torch threads); None = every core. Set it to
+    #: cores / n_jobs when a launcher runs n_jobs simulations at once.
+    total_cpus: int | None = None
 
 
 @dataclass(frozen=True)
@@ -388,10 +391,14 @@ def _validate_simulation(section: Mapping[str, Any]) -> SimulationConfig:
     _require(cpus > 0, "simulation.client_cpus", cpus, "> 0")
     gpus = _number(section, "client_gpus", p)
     _require(0 <= gpus <= 1, "simulation.client_gpus", gpus, "[0, 1] (a GPU fraction per client)")
+    total = _optional_integer(section, "total_cpus", p, 1)
+    if total is not None:
+        _require(cpus <= total, "simulation.client_cpus", cpus, f"<= simulation.total_cpus ({total})")
     return SimulationConfig(
         client_cpus=cpus,
         client_gpus=gpus,
         device=_choice(section, "device", p, ("auto", "cpu", "cuda")),  # type: ignore[arg-type]
+        total_cpus=total,
     )
 
 

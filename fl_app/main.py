@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import hydra
+import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -32,16 +33,20 @@ def simulation_nodes(config: AppConfig) -> int:
     depend on it, see strategies.population)."""
     if config.population == "nodes":
         return config.dataset.num_clients
-    workers = max(1, int((os.cpu_count() or 1) // max(config.simulation.client_cpus, 1e-9)))
+    workers = max(1, int(_total_cpus(config) // max(config.simulation.client_cpus, 1e-9)))
     return max(1, min(config.dataset.num_clients, workers))
+
+
+def _total_cpus(config: AppConfig) -> int:
+    return config.simulation.total_cpus or os.cpu_count() or 1
 
 
 def backend_config(config: AppConfig) -> dict:
     sim = config.simulation
-    return {
-        "client_resources": {"num_cpus": sim.client_cpus, "num_gpus": sim.client_gpus},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": True},
-    }
+    init_args: dict = {"logging_level": "ERROR", "log_to_driver": True}
+    if sim.total_cpus is not None:
+        init_args["num_cpus"] = sim.total_cpus
+    return {"client_resources": {"num_cpus": sim.client_cpus, "num_gpus": sim.client_gpus}, "init_args": init_args}
 
 
 def preflight(config: AppConfig) -> None:
@@ -60,6 +65,8 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     from fl_app.client_app import app as client_app
     from fl_app.server_app import make_server_app
 
+    # The server's own torch work (evaluation) stays within the simulation's CPU share.
+    torch.set_num_threads(_total_cpus(config))
     # Hydra's root handler would print every Flower log line a second time.
     logging.getLogger("flwr").propagate = False
     # Flower logs a deprecation warning for run_simulation here; see the module docstring and README.

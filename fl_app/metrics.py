@@ -41,6 +41,8 @@ ROUND_FIELDS = (
     *CLIPPING_STATS_KEYS,
     "client_norms",
     "wall_time_s",
+    "clients_phase_s",
+    "aggregate_s",
     # Wall-clock stamps (seconds since the epoch): the earliest client fit entry and first local step of the
     # round, and when the round's record was written. They profile startup and steady state (bench/).
     "first_fit_started_unix",

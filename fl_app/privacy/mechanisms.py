@@ -61,6 +61,9 @@ _MAX_CLIP_RETRIES = 16
 # ------------------------------------------------------------------------------------------------------------
 
 
+_NORM_BLOCK = 1 << 16
+
+
 def global_l2_norm(update: Sequence[np.ndarray]) -> float:
     """L2 norm of the whole flattened update, ‖Δ‖ = sqrt(Σ_l ‖Δ_l‖²).
 
@@ -69,9 +72,18 @@ def global_l2_norm(update: Sequence[np.ndarray]) -> float:
     """
     total = 0.0
     for tensor in update:
-        flat = np.asarray(tensor, dtype=np.float64).ravel()
-        total += float(np.dot(flat, flat))
+        flat = np.asarray(tensor).ravel()
+        # Converted block by block: a float64 copy of a whole model is a fresh multi-MB allocation per call.
+        for start in range(0, flat.size, _NORM_BLOCK):
+            block = flat[start : start + _NORM_BLOCK].astype(np.float64)
+            total += float(np.dot(block, block))
     return math.sqrt(total)
+
+
+def _round_down(value: float, dtype: np.dtype) -> np.floating:
+    """``value`` in ``dtype``, rounded towards zero (a clip factor must never grow by rounding)."""
+    cast = np.asarray(value, dtype=dtype)[()]
+    return np.nextafter(cast, dtype.type(0)) if float(cast) > value else cast
 
 
 def clip_factor(norm: float, clip_norm: float) -> float:
@@ -112,11 +124,14 @@ def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArray
     if norm <= clip_norm:
         return [tensor.copy() for tensor in arrays], norm
 
-    # The shrink step is the coarsest epsilon among the dtypes present, so one step covers one rounding each.
+    # The shrink step is the coarsest epsilon among the dtypes present, so one step moves every dtype's rounded
+    # factor down by at least one ulp.
     step = max((float(np.finfo(tensor.dtype).eps) for tensor in arrays), default=float(np.finfo(np.float64).eps))
     factor = alpha
     for _ in range(_MAX_CLIP_RETRIES):
-        clipped = [(tensor.astype(np.float64) * factor).astype(tensor.dtype) for tensor in arrays]
+        # Scaled in each tensor's own dtype (no float64 copy of the model) by the factor rounded down in that
+        # dtype; the re-measurement below is what guarantees the bound.
+        clipped = [tensor * _round_down(factor, tensor.dtype) for tensor in arrays]
         if global_l2_norm(clipped) <= clip_norm:
             return clipped, norm
         factor *= 1.0 - step

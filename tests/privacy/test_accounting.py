@@ -222,3 +222,24 @@ def test_accountant_rejects_bad_configuration() -> None:
     with pytest.raises(ValueError):
         accountant.step(SIGMA, Q, num_steps=-1)
     assert accountant.steps == 0
+
+
+def test_memoised_rdp_equals_opacus_rdp_accountant_on_a_heterogeneous_history() -> None:
+    from opacus.accountants import RDPAccountant
+
+    history = [(0.95, 0.1, 120), (1.3, 0.05, 7), (0.95, 0.1, 33), (2.0, 0.2, 1)]
+    reference = RDPAccountant()
+    reference.history = list(history)
+    assert epsilon_from_history(history, DELTA) == pytest.approx(reference.get_epsilon(DELTA), rel=1e-12)
+
+
+def test_memoised_fixed_size_rdp_equals_dp_accounting_on_a_heterogeneous_history() -> None:
+    history = [(0.95, 0.1, 40), (1.5, 0.1, 9)]
+    rdp = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    for sigma, q, steps in history:
+        event = dp_accounting.SampledWithoutReplacementDpEvent(
+            POPULATION, round(q * POPULATION), dp_accounting.GaussianDpEvent(sigma / 2)
+        )
+        rdp.compose(dp_accounting.SelfComposedDpEvent(event, steps))
+    ours = epsilon_from_history(history, DELTA, sampling="fixed", population=POPULATION)
+    assert ours == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-12)
