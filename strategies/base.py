@@ -465,7 +465,9 @@ class FederatedStrategy(Strategy):
             replies = grid.send_and_receive(
                 self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
             )
+            t_replies = time.perf_counter()
             outcome = self.aggregate(server_round, replies)
+            t_aggregated = time.perf_counter()
             arrays = ArrayRecord(outcome.new_weights)
             result.arrays = arrays
             self.account_round()
@@ -482,6 +484,9 @@ class FederatedStrategy(Strategy):
                 test_loss = test_acc = math.nan
             record["test_loss"], record["test_accuracy"] = test_loss, test_acc
             record["wall_time_s"] = time.perf_counter() - t0
+            # Where the round's time went: sending + client training + receiving, then the server's aggregation.
+            record["clients_phase_s"] = t_replies - t0
+            record["aggregate_s"] = t_aggregated - t_replies
             record["finished_unix"] = time.time()
             result.train_metrics_clientapp[server_round] = MetricRecord(
                 {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
