@@ -310,9 +310,15 @@ def expected_jobs(root: Path) -> list[ExpectedJob]:
     jobs: list[ExpectedJob] = []
     for path in sorted(root.rglob("multirun.yaml")):
         try:
-            task = ((yaml.safe_load(path.read_text()) or {}).get("hydra") or {}).get("overrides", {}).get("task")
-            axes: list[list[tuple[str, Any]]] = []
-            for override in parser.parse_overrides([str(t) for t in task or []]):
+            hydra_cfg = (yaml.safe_load(path.read_text()) or {}).get("hydra") or {}
+            task = (hydra_cfg.get("overrides") or {}).get("task")
+            # As Hydra's BasicSweeper: the sweep params of the config (e.g. an experiment preset's
+            # hydra.sweeper.params) first, then the command line's overrides; a key given twice keeps its first
+            # position and its last values.
+            params = (hydra_cfg.get("sweeper") or {}).get("params") or {}
+            arguments = [f"{k}={v}" for k, v in params.items()] + [str(t) for t in task or []]
+            by_key: dict[str, list[tuple[str, Any]]] = {}
+            for override in parser.parse_overrides(arguments):
                 if override.is_delete():
                     continue
                 key = override.key_or_group
@@ -320,7 +326,8 @@ def expected_jobs(root: Path) -> list[ExpectedJob]:
                     values = [parser.parse_override(f"{key}={s}").value() for s in override.sweep_string_iterator()]
                 else:
                     values = [override.value()]
-                axes.append([(key, v) for v in values])
+                by_key[key] = [(key, v) for v in values]
+            axes = list(by_key.values())
         except Exception as exc:  # a sweep we cannot expand must not hide the runs we have
             print(
                 f"warning: cannot expand the sweep of {path}: {exc}; missing jobs not detected there", file=sys.stderr

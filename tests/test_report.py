@@ -266,3 +266,25 @@ def test_no_runs_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert main([str(tmp_path / "s")]) == 1
     assert "2 job(s) expected" in capsys.readouterr().err
     assert main([str(tmp_path / "nope")]) == 1
+
+
+def test_expected_jobs_include_the_presets_sweeper_params_with_command_line_precedence(tmp_path: Path) -> None:
+    # An experiment preset puts its sweep in hydra.sweeper.params; the command line's task overrides come after
+    # and win for a key given twice (Hydra's BasicSweeper), keeping the key's first position.
+    root = tmp_path / "preset"
+    root.mkdir()
+    hydra_cfg = {
+        "sweeper": {"params": {"strategy": "dp_fedavg,dp_fedsam,dp_fedsam_topk", "+split": "dir03,iid", "seed": "0,1"}},
+        "overrides": {"task": ["+experiment=table1", "+scale=cpu", "strategy=dp_fedavg,dp_fedsam"]},
+    }
+    (root / "multirun.yaml").write_text(yaml.safe_dump({"hydra": hydra_cfg}))
+    jobs = expected_jobs(root)
+    assert len(jobs) == 2 * 2 * 2  # strategy narrowed to 2 by the command line
+    assert jobs[0].overrides == {
+        "strategy": "dp_fedavg",
+        "split": "dir03",
+        "seed": 0,
+        "experiment": "table1",
+        "scale": "cpu",
+    }
+    assert jobs[-1].overrides["strategy"] == "dp_fedsam" and jobs[-1].overrides["seed"] == 1
