@@ -60,3 +60,13 @@ def test_accounting_benchmark_meets_its_target_and_reports(tmp_path: Path) -> No
     assert time.perf_counter() - t < 30
     table = (tmp_path / "results.md").read_text()
     assert "P4 ε after T=300" in table and "| < 1 |" in table
+
+
+def test_with_overrides_replaces_keys_instead_of_repeating_them() -> None:
+    base = ["strategy=dp_fedsam", "dataset.num_clients=500", "privacy.sample_rate=0.04"]
+    assert bench_run.with_overrides(base, "dataset.num_clients=100", "num_rounds=3") == [
+        "strategy=dp_fedsam",
+        "privacy.sample_rate=0.04",
+        "dataset.num_clients=100",
+        "num_rounds=3",
+    ]
