@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from torch import nn
-from torchvision.models import resnet18
 
 __all__ = [
     "CNN",
@@ -72,6 +71,8 @@ def resnet18_gn(num_classes: int, in_channels: int = 3, groups: int = 2, image_s
     Every normalised width in ResNet-18 (64…512) is divisible by the default 2 groups. ``image_size`` is accepted
     for a uniform model signature; global average pooling makes the network size-agnostic.
     """
+    from torchvision.models import resnet18  # imported here: torchvision costs ~2 s of every process's startup
+
     model = resnet18(weights=None, num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(groups, c))
     # The ImageNet stem (7×7 stride 2 + max-pool) would shrink 32×32 inputs to 8×8 before the first block.
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -16,19 +16,23 @@ deliberately absent: SPEC §8 does not ask for it, and per-sample random transfo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
+import json
 import os
 import pickle
 import shutil
 import tempfile
 import threading
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-import torchvision.datasets as tvd
 
 __all__ = [
     "DATASETS",
@@ -189,25 +193,33 @@ def _prepare_fashion_mnist(root: str, system_dir: str) -> bool:
 _RawSplit = tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray | list[int]]
 
 
+def _tvd() -> Any:
+    """torchvision.datasets, imported on first use: importing torchvision costs ~2 s (it pulls in
+    torch._dynamo) in every process, and a process that finds the decoded cache never needs it. Resolved at call
+    time, so tests can monkeypatch torchvision.datasets."""
+    import torchvision.datasets
+
+    return torchvision.datasets
+
+
 def _raw_fashion_mnist(root: str, train: bool, download: bool) -> _RawSplit:
-    # Resolved at call time (not imported by name) so tests can monkeypatch torchvision.datasets.
-    ds = tvd.FashionMNIST(root, train=train, download=download)
+    ds = _tvd().FashionMNIST(root, train=train, download=download)
     return ds.data, ds.targets
 
 
 def _raw_emnist(root: str, train: bool, download: bool) -> _RawSplit:
-    ds = tvd.EMNIST(root, split="byclass", train=train, download=download)
+    ds = _tvd().EMNIST(root, split="byclass", train=train, download=download)
     # The EMNIST IDX files store images transposed relative to MNIST; fix it so glyphs are upright.
     return ds.data.transpose(1, 2), ds.targets
 
 
 def _raw_cifar10(root: str, train: bool, download: bool) -> _RawSplit:
-    ds = tvd.CIFAR10(root, train=train, download=download)
+    ds = _tvd().CIFAR10(root, train=train, download=download)
     return ds.data, ds.targets
 
 
 def _raw_cifar100(root: str, train: bool, download: bool) -> _RawSplit:
-    ds = tvd.CIFAR100(root, train=train, download=download)
+    ds = _tvd().CIFAR100(root, train=train, download=download)
     return ds.data, ds.targets
 
 
@@ -252,6 +264,70 @@ def _to_tensor_data(images: torch.Tensor | np.ndarray, labels: object, info: Dat
     return TensorData(x=xf, y=y)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Decoded cache: every simulation process (driver and each Ray worker) loads the dataset; after the first
+# decode through torchvision, the uint8 arrays are kept in <data_dir>/.decoded/<name>.npz and reused while the
+# source files are unchanged (same names, sizes and mtimes).
+
+#: Where torchvision's readers find each dataset's files under the data dir.
+_SOURCE_DIRS = {
+    "fashion_mnist": os.path.join("FashionMNIST", "raw"),
+    "emnist": os.path.join("EMNIST", "raw"),
+    "cifar10": "cifar-10-batches-py",
+    "cifar100": "cifar-100-python",
+}
+
+
+def _source_signature(root: str, name: str) -> list[list[Any]]:
+    """(relative path, size, mtime) of every source file; empty when there are none."""
+    base = os.path.join(root, _SOURCE_DIRS[name])
+    entries = []
+    for dirpath, _, files in os.walk(base):
+        for file in files:
+            path = os.path.join(dirpath, file)
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                entries.append([os.path.relpath(path, base), st.st_size, st.st_mtime_ns])
+    return sorted(entries)
+
+
+def _decoded_path(root: str, name: str) -> str:
+    return os.path.join(root, ".decoded", f"{name}.npz")
+
+
+def _as_arrays(images: object, labels: object) -> tuple[np.ndarray, np.ndarray]:
+    return np.ascontiguousarray(np.asarray(images)), np.asarray(labels, dtype=np.int64)
+
+
+def _read_decoded(root: str, name: str, signature: list[list[Any]]) -> tuple[tuple[np.ndarray, np.ndarray], ...] | None:
+    if not signature:
+        return None
+    try:
+        with np.load(_decoded_path(root, name), allow_pickle=False) as cached:
+            if json.loads(str(cached["signature"])) != signature:
+                return None
+            return (cached["train_x"], cached["train_y"]), (cached["test_x"], cached["test_y"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):
+        return None  # absent, stale or damaged: decode the sources again
+
+
+def _write_decoded(
+    root: str, name: str, signature: list[list[Any]], splits: tuple[tuple[np.ndarray, np.ndarray], ...]
+) -> None:
+    from fl_app.atomic import atomic_write
+
+    (train_x, train_y), (test_x, test_y) = splits
+    path = _decoded_path(root, name)
+    # A read-only data dir just goes without the cache; concurrent writers each replace the file atomically.
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with atomic_write(Path(path), "wb") as fh:
+            np.savez(
+                fh, signature=json.dumps(signature), train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y
+            )
+        os.chmod(path, 0o644)  # the data dir may be shared with other users, as the extracted files are
+
+
 @functools.cache  # = lru_cache(maxsize=None)
 def _load_cached(name: str, root: str, system_dir: str) -> tuple[TensorData, TensorData]:
     """Load both splits from local files only (never downloads); exceptions are never cached."""
@@ -262,8 +338,13 @@ def _load_cached(name: str, root: str, system_dir: str) -> tuple[TensorData, Ten
                 f"Fashion-MNIST not found in {system_dir} "
                 f"nor in {os.path.join(root, 'FashionMNIST', 'raw')}. " + _how_to(name, root, system_dir)
             )
-        loader = _RAW_LOADERS[name]
-        splits = tuple(_to_tensor_data(*loader(root, train, False), info) for train in (True, False))
+        signature = _source_signature(root, name)
+        raw = _read_decoded(root, name, signature)
+        if raw is None:
+            loader = _RAW_LOADERS[name]
+            raw = tuple(_as_arrays(*loader(root, train, False)) for train in (True, False))
+            _write_decoded(root, name, signature, raw)
+        splits = tuple(_to_tensor_data(*split, info) for split in raw)
     except DatasetUnavailableError:
         raise
     except _LOAD_ERRORS as exc:

@@ -61,6 +61,36 @@ def _write_fake_fashion(system_dir: Path, n_train: int, n_test: int, seed: int) 
     return arrays
 
 
+def test_decoded_cache_serves_new_processes_without_torchvision_until_a_source_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    arrays = _write_fake_fashion(tmp_path / "system", n_train=12, n_test=5, seed=0)
+    data, system = str(tmp_path / "data"), str(tmp_path / "system")
+    first, _ = load_dataset("fashion_mnist", data, system_dir=system)
+    assert (tmp_path / "data" / ".decoded" / "fashion_mnist.npz").is_file()
+
+    # A new process (here: a cleared cache) reads the decoded arrays; torchvision's reader is never called.
+    clear_dataset_cache()
+
+    def must_not_decode(*args: object, **kwargs: object) -> None:
+        raise AssertionError("decoded again although the sources did not change")
+
+    monkeypatch.setattr(tvd, "FashionMNIST", must_not_decode)
+    again, _ = load_dataset("fashion_mnist", data, system_dir=system)
+    torch.testing.assert_close(again.x, first.x, rtol=0, atol=0)
+    assert torch.equal(again.y, first.y)
+
+    # A changed source file makes the cache stale: decoded again, with the new content.
+    monkeypatch.undo()
+    clear_dataset_cache()
+    raw = tmp_path / "data" / "FashionMNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    new_labels = (arrays["t10k-labels"] + 1) % 10
+    raw.write_bytes(_idx_bytes(new_labels))
+    os.utime(raw, ns=(raw.stat().st_atime_ns, raw.stat().st_mtime_ns + 10**9))
+    _, test = load_dataset("fashion_mnist", data, system_dir=system)
+    assert np.array_equal(labels_of(test), new_labels.astype(np.int64))
+
+
 # ----------------------------------------------------------------------------------------------------
 # Registry
 
