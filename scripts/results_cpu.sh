@@ -16,12 +16,18 @@ if [ "${1:-}" != "--report" ]; then
     rm -rf "multirun/$table"
     "$PY" -m fl_app.main --multirun "+experiment=$table" +scale=cpu +launcher=parallel "hydra.sweep.dir=multirun/$table"
   done
+  # SPEC §9's hypothesis: SAM's benefit needs many local epochs. The ablation preset at E = 10 only (E = 2 is Table IV).
+  rm -rf multirun/ablation_epochs_e10
+  "$PY" -m fl_app.main --multirun +experiment=ablation_epochs +scale=cpu +launcher=parallel client.local_epochs=10 \
+    hydra.sweep.dir=multirun/ablation_epochs_e10
 fi
 
 "$PY" -m fl_app.report multirun/table1 --out "$OUT/table1" --cols split --title "Table I (cpu scale)"
 "$PY" -m fl_app.report multirun/table2 --out "$OUT/table2" --cols privacy.target_epsilon --title "Table II (cpu scale)"
 "$PY" -m fl_app.report multirun/table3 --out "$OUT/table3" --cols strategy.sparsity --title "Table III (cpu scale)"
 "$PY" -m fl_app.report multirun/table4 --out "$OUT/table4" --title "Table IV (cpu scale)"
+"$PY" -m fl_app.report multirun/ablation_epochs_e10 --out "$OUT/ablation_epochs_e10" --cols \
+  --title "DP-FedAvg vs DP-FedSAM with 10 local epochs (cpu scale)"
 
 # Loss landscapes around the seed-0 Dir-0.6 global models of DP-FedAvg and DP-FedSAM (Table IV's runs).
 run_of() {  # the job directory of strategy $1, seed 0, in multirun/table4
