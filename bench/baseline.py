@@ -106,7 +106,9 @@ def run_baseline(
     model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device)
     weights = get_weights(model)
     shapes = [w.shape for w in weights]
-    m = float(round(p.sample_rate * d.num_clients)) if p.sampling == "fixed" else p.sample_rate * d.num_clients
+    m = mech.expected_clients(d.num_clients, p.sample_rate)  # the fixed denominator qM
+    if p.sampling == "fixed":
+        m = float(round(m))
     result = BaselineResult(weights=weights)
     for t in range(1, (config.num_rounds if num_rounds is None else num_rounds) + 1):
         t0 = time.perf_counter()

@@ -718,6 +718,14 @@ def round_series(runs: Sequence[RunRecord], key: str) -> tuple[list[int], list[f
     return rounds, means, stds
 
 
+def _band(ax: Any, rounds: list[int], means: list[float], stds: list[float], label: str) -> None:
+    """A mean line with a shaded ±std band in the line's colour."""
+    (line,) = ax.plot(rounds, means, label=label)
+    lo = [m - d for m, d in zip(means, stds, strict=True)]
+    hi = [m + d for m, d in zip(means, stds, strict=True)]
+    ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.2)
+
+
 def _line_plot(report: Report, key: str, scale: float, ylabel: str, title: str, path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -726,12 +734,8 @@ def _line_plot(report: Report, key: str, scale: float, ylabel: str, title: str, 
         rounds, means, stds = round_series(cell.completed, key)
         if not rounds:
             continue
-        m = [scale * v for v in means]
-        s = [scale * v for v in stds]
-        (line,) = ax.plot(rounds, m, label=f"{report.label(cell)} (n={len(cell.completed)})")
-        lo = [a - b for a, b in zip(m, s, strict=True)]
-        hi = [a + b for a, b in zip(m, s, strict=True)]
-        ax.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.2)
+        label = f"{report.label(cell)} (n={len(cell.completed)})"
+        _band(ax, rounds, [scale * v for v in means], [scale * v for v in stds], label)
         drawn += 1
     if drawn:
         ax.legend(fontsize="small")
@@ -795,10 +799,7 @@ def plot_norm_histogram(report: Report, path: Path) -> Path:
         rounds, means, stds = round_series(runs, "norm_mean")
         if not rounds:
             continue
-        (line,) = ax_r.plot(rounds, means, label=report.label(cell))
-        lo = [a - b for a, b in zip(means, stds, strict=True)]
-        hi = [a + b for a, b in zip(means, stds, strict=True)]
-        ax_r.fill_between(rounds, lo, hi, color=line.get_color(), alpha=0.2)
+        _band(ax_r, rounds, means, stds, report.label(cell))
         drawn += 1
     if drawn:
         ax_r.legend(fontsize="small")
