@@ -17,7 +17,7 @@ from torch import nn
 
 from clients.recipes import privatize_update
 from clients.regularizers import make_blur_loss
-from clients.training import train_local, train_local_noisy
+from clients.training import LocalTrainingResult, train_local, train_local_noisy
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
@@ -62,6 +62,46 @@ def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.
     return train.x[idx], train.y[idx]
 
 
+def client_generator(ins: TrainInstructions, partition_id: int) -> torch.Generator:
+    """The client's mini-batch shuffle stream (seed, round, CLIENT_SHUFFLE, client), the same on every path."""
+    seed = int(make_rng(ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, partition_id).integers(2**62))
+    return torch.Generator().manual_seed(seed)
+
+
+def train_one(
+    parameters: list[np.ndarray], ins: TrainInstructions, partition_id: int
+) -> tuple[list[np.ndarray], LocalTrainingResult, float]:
+    """Train one client from the global ``parameters``.
+
+    Returns Δ = w_local − w_global, the training outcome, and the wall-clock time (seconds since the epoch) of the
+    first local step, after data, partition and model are ready (startup profiling in bench/).
+    """
+    device = resolve_device(ins.device)
+    x, y = client_data(ins.data, partition_id)
+    model = _model(ins.model, ins.data.dataset, str(device))
+    set_weights(model, parameters)
+    generator = client_generator(ins, partition_id)
+    train_started = time.time()
+    if ins.noisy_training is not None:
+        result = train_local_noisy(
+            model, x, y, ins.noisy_training, ins.server_round, generator=generator, device=device
+        )
+    else:
+        assert ins.training is not None
+        model.to(device)
+        blur = (
+            make_blur_loss(model, ins.clip_norm, ins.recipe.blur_coef)
+            if ins.recipe.blur_coef > 0 and ins.clip_norm > 0
+            else None
+        )
+        result = train_local(
+            model, x, y, ins.training, server_round=ins.server_round, generator=generator, device=device,
+            extra_loss=blur,
+        )  # fmt: skip
+    update = [new - old for new, old in zip(get_weights(model), parameters, strict=True)]
+    return update, result, train_started
+
+
 class DPClient(NumPyClient):
     """Local training (SGD or SAM, optionally with the BLUR term; or the Noisy-FedAvg/FedProx local steps), then
     the client-side recipe of :mod:`clients.recipes`."""
@@ -73,42 +113,13 @@ class DPClient(NumPyClient):
     def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
         fit_started = time.time()
         ins = TrainInstructions.from_config(config)
-        device = resolve_device(ins.device)
-        x, y = client_data(ins.data, self.partition_id)
-        model = _model(ins.model, ins.data.dataset, str(device))
-        set_weights(model, parameters)
-        seed = int(make_rng(ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, self.partition_id).integers(2**62))
-        generator = torch.Generator().manual_seed(seed)
         # Wall-clock stamps (seconds since the epoch) for startup profiling: fit entry, then the first local step
-        # after data, partition and model are ready (bench/ reports the difference as the worker's setup cost).
-        train_started = time.time()
-        if ins.noisy_training is not None:
-            result = train_local_noisy(
-                model, x, y, ins.noisy_training, ins.server_round, generator=generator, device=device
-            )
-        else:
-            assert ins.training is not None
-            model.to(device)
-            blur = (
-                make_blur_loss(model, ins.clip_norm, ins.recipe.blur_coef)
-                if ins.recipe.blur_coef > 0 and ins.clip_norm > 0
-                else None
-            )
-            result = train_local(
-                model,
-                x,
-                y,
-                ins.training,
-                server_round=ins.server_round,
-                generator=generator,
-                device=device,
-                extra_loss=blur,
-            )
+        # (bench/ reports the difference as the worker's setup cost).
+        update, result, train_started = train_one(parameters, ins, self.partition_id)
         if result.diverged:
             raise LocalTrainingDivergedError(
                 f"client {self.partition_id}: local loss became non-finite in round {ins.server_round}"
             )
-        update = [new - old for new, old in zip(get_weights(model), parameters, strict=True)]
         sent, pre_clip_norm = privatize_update(update, ins, self.partition_id, self.shared_mask)
         metrics = {
             "partition_id": self.partition_id,

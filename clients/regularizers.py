@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-__all__ = ["blur_penalty", "make_blur_loss"]
+__all__ = ["blur_penalty", "blur_term", "make_blur_loss"]
 
 
 def _trainable(model: nn.Module) -> list[torch.Tensor]:
@@ -57,13 +57,21 @@ def blur_penalty(model: nn.Module, reference: Sequence[torch.Tensor], clip_norm:
         raise ValueError(f"reference has {len(reference)} tensors but the model has {len(params)} trainable ones")
     if not params:
         return torch.zeros(())
-    norms: list[torch.Tensor] = []
     for i, (p, r) in enumerate(zip(params, reference, strict=True)):
         if r.shape != p.shape:
             raise ValueError(f"reference[{i}] has shape {tuple(r.shape)}, parameter has {tuple(p.shape)}")
-        r = r.detach().to(device=p.device, dtype=p.dtype)
-        # vector_norm's backward is 0 (not NaN) at a zero argument, unlike sqrt(sum of squares).
-        norms.append(torch.linalg.vector_norm(p - r, 2))
+    detached = [r.detach().to(device=p.device, dtype=p.dtype) for p, r in zip(params, reference, strict=True)]
+    return blur_term(params, detached, clip_norm, coef)
+
+
+def blur_term(
+    params: Sequence[torch.Tensor], reference: Sequence[torch.Tensor], clip_norm: float, coef: float
+) -> torch.Tensor:
+    """The formula of :func:`blur_penalty` on plain tensors (no checks): also usable under ``torch.func``
+    transforms, where the vectorized cohort engine (:mod:`clients.vectorized`) applies it to each client's
+    parameters."""
+    # vector_norm's backward is 0 (not NaN) at a zero argument, unlike sqrt(sum of squares).
+    norms = [torch.linalg.vector_norm(p - r, 2) for p, r in zip(params, reference, strict=True)]
     delta_norm = torch.linalg.vector_norm(torch.stack(norms), 2)
     excess = torch.relu(delta_norm - clip_norm)
     return 0.5 * coef * excess.square()

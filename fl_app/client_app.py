@@ -1,34 +1,29 @@
 """Flower ClientApp: hands each train message to the NumPyClient of :mod:`clients.numpy_client`.
 
 Uses the Message API (train and query handlers), the non-deprecated path in the pinned Flower; the NumPyClient keeps
-the familiar ``fit(parameters, config)`` contract for the local logic. The same app serves ``flwr run`` simulations,
-the Hydra entry point and real SuperNodes.
+the familiar ``fit(parameters, config)`` contract for the local logic. A message that names several partitions
+(``partition_ids``: cohort mode, issue 12) is trained by :func:`clients.cohort.train_cohort` and answered with the
+cohort's sum and per-client statistics. The same app serves ``flwr run`` simulations, the Hydra entry point and
+real SuperNodes.
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.numpy_client import DPClient, LocalTrainingDivergedError
+from clients.cohort import resolve_engine, train_cohort
+from clients.faults import inject_fault
+from clients.numpy_client import DPClient, LocalTrainingDivergedError, resolve_device
+from fl_app.instructions import TrainInstructions
 
 app = ClientApp()
 
 #: Error code of a reply whose local training diverged (loss NaN/Inf); the server counts it as failed.
 ERROR_DIVERGED = 1001
-
-
-def inject_fault(fault: str, update: list[np.ndarray]) -> list[np.ndarray]:
-    """Chaos testing (config ``fault_injection``): corrupt what this client sends, as a broken client would."""
-    if fault == "nan":
-        update = [u.copy() for u in update]
-        update[0].flat[0] = np.nan
-    elif fault == "wrong_shape":
-        update = [*update, np.zeros(3, dtype=np.float32)]
-    elif fault == "huge_norm":
-        update = [u * np.float32(1e6) for u in update]
-    return update
 
 
 @app.train()
@@ -37,8 +32,10 @@ def train(msg: Message, context: Context) -> Message:
     shared_mask = None
     if "mask" in msg.content:
         shared_mask = [m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()]
-    client = DPClient(partition_id=int(config["partition_id"]), shared_mask=shared_mask)
     parameters = msg.content["arrays"].to_numpy_ndarrays()
+    if "partition_ids" in config:
+        return _train_cohort(msg, parameters, shared_mask)
+    client = DPClient(partition_id=int(config["partition_id"]), shared_mask=shared_mask)
     fault = str(config.get("fault", ""))
     if fault == "raise":
         raise RuntimeError(f"fault injection: client {client.partition_id} raises in fit")
@@ -52,6 +49,28 @@ def train(msg: Message, context: Context) -> Message:
             "metrics": MetricRecord({**metrics, "num_examples": num_examples}),
         }
     )
+    return Message(content, reply_to=msg)
+
+
+def _train_cohort(msg: Message, parameters: list[np.ndarray], shared_mask: list[np.ndarray] | None) -> Message:
+    fit_started = time.time()
+    config = msg.content["config"]
+    ins = TrainInstructions.from_config(config)
+    partition_ids = [int(pid) for pid in config["partition_ids"]]
+    faults = [str(f) for f in config["faults"]]
+    engine = resolve_engine(ins.cohort_engine, resolve_device(ins.device))
+    result = train_cohort(parameters, ins, partition_ids, faults, engine, shared_mask)
+    metrics: dict = {
+        "cohort_ids": result.accepted,
+        **result.metrics,
+        **{f"{kind}_ids": pids for kind, pids in result.rejected.items()},
+        "reclipped": result.reclipped,
+        "num_examples": result.num_examples,
+        "fit_started_unix": fit_started,
+    }
+    if result.accepted:
+        metrics["train_started_unix"] = result.train_started_unix
+    content = RecordDict({"arrays": ArrayRecord(result.total), "metrics": MetricRecord(metrics)})
     return Message(content, reply_to=msg)
 
 

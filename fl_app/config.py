@@ -23,6 +23,10 @@ Placement = Literal["client", "server"]
 AccountantName = Literal["rdp", "prv", "pld"]
 
 
+#: Every strategy class named by ``strategy._target_`` derives from this one.
+STRATEGY_BASE = "strategies.base.FederatedStrategy"
+
+
 class ConfigError(ValueError):
     """An invalid configuration value; the message names the key and what is allowed."""
 
@@ -104,6 +108,14 @@ class SimulationConfig:
     #: CPUs one simulation may use (Ray's num_cpus and the server's torch threads); None = every core. Set it to
     #: cores / n_jobs when a launcher runs n_jobs simulations at once.
     total_cpus: int | None = None
+    #: Clients per train message (population=virtual): 1 = one message per client; k > 1 = cohorts of about k
+    #: clients balanced by local steps; "auto" = one cohort per worker (SuperNode) in simulation, 1 in deployment.
+    cohort_size: int | Literal["auto"] = "auto"
+    #: How a worker trains a cohort: one client after another, or all at once on stacked models (torch.func);
+    #: "auto" = vectorized on a GPU, sequential on a CPU.
+    cohort_engine: Literal["auto", "sequential", "vectorized"] = "auto"
+    #: None = start a local Ray for this run; "auto" or "host:port" = join that running Ray cluster.
+    ray_address: str | None = None
 
 
 @dataclass(frozen=True)
@@ -213,10 +225,10 @@ def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as exc:
         raise _fail("strategy._target_", target, "an importable strategy class") from exc
-    from strategies.base import FederatedStrategy  # the strategy package depends on this module
-
+    # Checked by name along the MRO: importing strategies.base here would make this module and the strategy
+    # package import each other (they depend on this module, not the other way round).
     _require(
-        isinstance(cls, type) and issubclass(cls, FederatedStrategy),
+        isinstance(cls, type) and any(f"{c.__module__}.{c.__qualname__}" == STRATEGY_BASE for c in cls.__mro__),
         "strategy._target_",
         target,
         "a subclass of strategies.base.FederatedStrategy",
@@ -394,11 +406,26 @@ def _validate_simulation(section: Mapping[str, Any]) -> SimulationConfig:
     total = _optional_integer(section, "total_cpus", p, 1)
     if total is not None:
         _require(cpus <= total, "simulation.client_cpus", cpus, f"<= simulation.total_cpus ({total})")
+    cohort = section.get("cohort_size", "auto")
+    if cohort != "auto":
+        _require(
+            isinstance(cohort, int) and not isinstance(cohort, bool) and cohort >= 1,
+            "simulation.cohort_size", cohort, "'auto' or an integer >= 1",
+        )  # fmt: skip
+    address = section.get("ray_address")
+    _require(address is None or (isinstance(address, str) and address.strip() != ""),
+             "simulation.ray_address", address, "null, 'auto' or 'host:port' of a running Ray cluster")  # fmt: skip
+    if address is not None:
+        _require(total is None, "simulation.total_cpus", total,
+                 "null when joining a Ray cluster (the cluster's resources are fixed by `ray start`)")  # fmt: skip
     return SimulationConfig(
         client_cpus=cpus,
         client_gpus=gpus,
         device=_choice(section, "device", p, ("auto", "cpu", "cuda")),  # type: ignore[arg-type]
         total_cpus=total,
+        cohort_size=cohort,
+        cohort_engine=_choice(section, "cohort_engine", p, ("auto", "sequential", "vectorized")),  # type: ignore[arg-type]
+        ray_address=address,
     )
 
 
@@ -415,11 +442,17 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
     dataset = _validate_dataset(raw["dataset"])
     output_dir = raw.get("output_dir")
     _require(output_dir is None or isinstance(output_dir, str), "output_dir", output_dir, "a path or null")
+    simulation = _validate_simulation(raw["simulation"])
+    population = _choice(raw, "population", "", ("virtual", "nodes"))
+    if population == "nodes":
+        # Each SuperNode owns one partition and trains only it: a cohort of several would need other nodes' data.
+        _require(simulation.cohort_size in (1, "auto"), "simulation.cohort_size", simulation.cohort_size,
+                 "1 or 'auto' with population=nodes (one client per SuperNode)")  # fmt: skip
     return AppConfig(
         seed=_top_int(raw, "seed", 0),
         num_rounds=_top_int(raw, "num_rounds", 1),
         eval_every=_top_int(raw, "eval_every", 1),
-        population=_choice(raw, "population", "", ("virtual", "nodes")),  # type: ignore[arg-type]
+        population=population,  # type: ignore[arg-type]
         round_timeout=_positive_top(raw, "round_timeout"),
         checkpoint_every=_top_int(raw, "checkpoint_every", 0),
         resume=_optional_path(raw, "resume"),
@@ -429,7 +462,7 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         dataset=dataset,
         model=_validate_model(raw["model"]),
         privacy=_validate_privacy(raw["privacy"], dataset.num_clients),
-        simulation=_validate_simulation(raw["simulation"]),
+        simulation=simulation,
         fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
     )
 

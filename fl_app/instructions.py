@@ -74,6 +74,8 @@ class TrainInstructions:
     secure_noise: bool
     # torch threads are not sent: Ray sets OMP_NUM_THREADS to the CPUs it assigns; a SuperNode uses its cores.
     device: str
+    # How a worker trains a cohort message (clients/cohort.py): auto | sequential | vectorized.
+    cohort_engine: str = "auto"
 
     def to_config_record(self) -> ConfigRecord:
         flat: dict[str, Any] = {}
@@ -99,7 +101,7 @@ class TrainInstructions:
             "noisy_training": NoisyLocalConfig,
         }
         try:
-            top = {f.name: config[f.name] for f in fields(cls) if f.name not in nested}
+            top = {f.name: config[f.name] for f in fields(cls) if f.name not in nested and f.name in config}
             parts = {
                 name: target(**pick(target, f"{name}.")) if any(str(k).startswith(f"{name}.") for k in config) else None
                 for name, target in nested.items()
@@ -161,4 +163,5 @@ def make_train_instructions(
         expected_clients=expected_clients,
         secure_noise=secure_noise,
         device=config.simulation.device,
+        cohort_engine=config.simulation.cohort_engine,
     )

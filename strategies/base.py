@@ -6,10 +6,14 @@ Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg.
 2. **Sample** — clients (partition ids) drawn from the population of M by Poisson(q) or fixed-size m = qM
    without replacement, from the stream ``(seed, t, SAMPLING)``; the accountant accounts the same event.
 3. **Configure** — each sampled client gets the global model and :class:`~fl_app.instructions.TrainInstructions`:
-   its local optimizer (the strategy's recipe), C, σ, m and the noise placement.
+   its local optimizer (the strategy's recipe), C, σ, m and the noise placement. In cohort mode (simulation,
+   ``population=virtual``) one message carries a cohort of sampled clients, cohorts balanced by local steps.
 4. **Client** (clients/): local SGD or SAM → Δ → clip to C on the global norm → (client placement) + N(0, σ²C²/m).
+   A cohort worker does this for each of its clients separately (clients/cohort.py) and replies with the float64
+   sum of its accepted clients' updates plus each client's statistics and fate.
 5. **Validate** — replies with errors are counted as failed; non-finite or wrong-shape updates are rejected and
-   counted. In server placement every update is clipped again to C: the server never trusts a client's clipping.
+   counted. In server placement every update is clipped again to C: the server never trusts a client's clipping
+   (a cohort's sum of k clients is held to k·C, after the worker re-clipped each client to C).
 6. **Aggregate** — uniform sum in partition order divided by the **fixed** denominator m = qM (a missing client
    never raises the sensitivity above C/m); server placement adds N(0, σ²C²/m²); client placement tops the
    noise up for the clients that did not contribute, so the aggregate noise is always N(0, σ²C²/m²).
@@ -33,6 +37,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -41,8 +46,10 @@ from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
 from clients.training import LocalTrainingConfig, NoisyLocalConfig
+from clients.vectorized import check_vectorizable
 from fl_app.checkpoint import Checkpoint, save_checkpoint
-from fl_app.config import AppConfig
+from fl_app.config import AppConfig, ConfigError
+from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
@@ -51,14 +58,19 @@ from fl_app.instructions import (
     make_train_instructions,
 )
 from fl_app.metrics import MetricsWriter
+from fl_app.models import build_model_for_dataset
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
-from strategies.population import Population
+from strategies.population import Population, balance_cohorts
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
 REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
 #: Optional wall-clock stamps a client may send (startup profiling, bench/); the round keeps the earliest.
 CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
+#: Per-client statistics a cohort reply carries as lists aligned with its ``cohort_ids`` (clients/cohort.py).
+COHORT_CLIENT_METRICS = ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps")
+#: The cohort reply's lists of rejected partitions, by the rejection counter they feed.
+COHORT_REJECTIONS = {"failed_ids": "failed", "nonfinite_ids": "nonfinite", "shape_ids": "shape"}
 
 EvaluateFn = Callable[[list[np.ndarray]], tuple[float, float]]
 
@@ -114,15 +126,34 @@ class FederatedStrategy(Strategy):
                     privacy.accountant,
                 )
         self.population = Population(config.population, self.num_clients)
+        self._check_cohort_engine()
         self._shapes: list[tuple[int, ...]] = []
         self._global: list[np.ndarray] = []
         self._sampled = 0
         self._awaiting: set[int] = set()
+        # Cohort mode: the partitions each sent message carries, keyed by the message id the grid assigned.
+        self._cohort_messages: list[tuple[Message, list[int]]] = []
+        self._simulation = False
         self._round_mask: list[np.ndarray] | None = None
         self._previous_global: list[np.ndarray] = []
         self.stop_reason: str | None = None
         # Resolved against the grid in start() when the config says "auto".
         self.secure_noise: bool = config.privacy.secure_noise is True
+
+    def _check_cohort_engine(self) -> None:
+        """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
+        sim = self.config.simulation
+        gpu_possible = sim.device == "cuda" or (sim.device == "auto" and torch.cuda.is_available())
+        vectorized = sim.cohort_engine == "vectorized" or (sim.cohort_engine == "auto" and gpu_possible)
+        if sim.cohort_size == 1 or self.config.population != "virtual" or not vectorized:
+            return
+        try:
+            check_vectorizable(build_model_for_dataset(self.config.model.name, self.config.dataset.name, seed=0))
+        except ValueError as exc:
+            raise ConfigError(
+                f"invalid config value simulation.cohort_engine={sim.cohort_engine}: {exc}; "
+                "set simulation.cohort_engine=sequential or simulation.cohort_size=1"
+            ) from exc
 
     # ----- what the run reports about its guarantee -----------------------------------------------------------
 
@@ -258,6 +289,12 @@ class FederatedStrategy(Strategy):
             expected_clients=self.expected_clients,
             secure_noise=self.secure_noise,
         ).to_config_record()
+        self._cohort_messages = []
+        self._sampled = len(sampled)
+        self._awaiting = set(sampled.tolist())
+        cohorts = self.plan_cohorts([int(pid) for pid in sampled.tolist()])
+        if cohorts is not None:
+            return self._cohort_messages_for(cohorts, arrays, instructions, config)
         messages = []
         for position, partition_id in enumerate(sampled.tolist()):
             client_config = ConfigRecord(
@@ -278,8 +315,63 @@ class FederatedStrategy(Strategy):
                     message_type=MessageType.TRAIN,
                 )
             )
-        self._sampled = len(messages)
-        self._awaiting = set(sampled.tolist())
+        return messages
+
+    # ----- cohort mode (issue 12) ---------------------------------------------------------------------------
+
+    def cohort_count(self, num_sampled: int) -> int:
+        """How many cohort messages carry this round's clients (0 = one message per client)."""
+        size = self.config.simulation.cohort_size
+        if self.config.population != "virtual" or num_sampled == 0 or size == 1:
+            return 0
+        if size == "auto":
+            # One cohort per worker; outside the simulation engine a node is a real client machine: per client.
+            return min(num_sampled, self.population.num_nodes) if self._simulation else 0
+        return math.ceil(num_sampled / int(size))
+
+    def local_steps(self, partition_id: int) -> int:
+        """The local steps client ``partition_id`` takes this round (its work, for balancing cohorts)."""
+        training = self.local_training()
+        if isinstance(training, NoisyLocalConfig):
+            return training.steps
+        d = self.config.dataset
+        n = len(
+            get_partition(
+                d.name, d.data_dir, d.partition, d.num_clients, d.alpha, self.config.seed, partition_id,
+                num_samples=d.max_train_samples or None,
+            )
+        )  # fmt: skip
+        steps = training.epochs * math.ceil(n / training.batch_size)
+        return steps if training.max_steps is None else min(steps, training.max_steps)
+
+    def plan_cohorts(self, sampled: list[int]) -> list[list[int]] | None:
+        """This round's cohorts (each sorted), balanced by local steps; None = one message per client."""
+        count = self.cohort_count(len(sampled))
+        if count == 0:
+            return None
+        return balance_cohorts(sampled, [self.local_steps(pid) for pid in sampled], count)
+
+    def _cohort_messages_for(
+        self, cohorts: list[list[int]], arrays: ArrayRecord, instructions: ConfigRecord, config: ConfigRecord
+    ) -> list[Message]:
+        messages = []
+        for position, cohort in enumerate(cohorts):
+            client_config = ConfigRecord(
+                {
+                    **instructions,
+                    **config,
+                    "partition_ids": cohort,
+                    "faults": [self.config.fault_injection.fault_of(pid) for pid in cohort],
+                }
+            )
+            content = RecordDict({"arrays": arrays, "config": client_config})
+            if self._round_mask is not None:
+                content["mask"] = ArrayRecord([m.astype(np.uint8) for m in self._round_mask])
+            message = Message(
+                content, dst_node_id=self.population.node_for(cohort[0], position), message_type=MessageType.TRAIN
+            )
+            messages.append(message)
+            self._cohort_messages.append((message, cohort))
         return messages
 
     def aggregate_train(
@@ -328,12 +420,86 @@ class FederatedStrategy(Strategy):
         self._awaiting.discard(partition_id)
         return "ok", (partition_id, update, metrics)
 
+    def screen_cohort_reply(self, reply: Message, ids: list[int]) -> tuple[str, Any]:
+        """Classify a cohort reply (for the cohort ``ids`` its message carried) as ("ok", payload) or (kind, reason).
+
+        The payload is (sum of the accepted clients' updates, [(partition id, metrics)] of those clients,
+        {rejection kind: partitions}, clients the worker re-clipped). The worker's accounting must cover exactly
+        the cohort it was sent, each partition once; the sum must have the model's shapes and be finite.
+        """
+        if reply.has_error():
+            return "failed", reply.error.reason[:300]
+        try:
+            total = reply.content["arrays"].to_numpy_ndarrays()
+            sent = reply.content["metrics"]
+            accepted_ids = [float(v) for v in sent["cohort_ids"]]
+            stats = {k: [float(v) for v in sent[k]] for k in COHORT_CLIENT_METRICS}
+            rejected = {key: [float(v) for v in sent[key]] for key in COHORT_REJECTIONS}
+            worker_reclipped = float(sent["reclipped"])
+            stamps = {k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent}
+        except (KeyError, TypeError, ValueError) as exc:
+            return "malformed", f"cohort reply: missing or non-numeric field ({exc!r})"
+        claimed = accepted_ids + [pid for ids_ in rejected.values() for pid in ids_]
+        aligned = all(len(v) == len(accepted_ids) for v in stats.values())
+        if sorted(claimed) != sorted(float(pid) for pid in ids) or not aligned:
+            return "malformed", f"cohort reply does not account for exactly its partitions {ids[:5]}..."
+        if not all(math.isfinite(v) for v in [*stats["pre_clip_norm"], worker_reclipped]) or min(
+            stats["pre_clip_norm"], default=0.0
+        ) < 0:
+            return "malformed", "cohort reply has non-finite or negative pre_clip_norm"
+        if (kind := mech.screen_update(total, self._shapes)) is not None:
+            return kind, f"cohort {ids[:5]}... sent a sum with {kind} values"
+        clients = [
+            (int(pid), {**{k: stats[k][i] for k in COHORT_CLIENT_METRICS}, "partition_id": pid, **stamps})
+            for i, pid in enumerate(accepted_ids)
+        ]
+        rejections = {COHORT_REJECTIONS[key]: [int(v) for v in value] for key, value in rejected.items()}
+        return "ok", (total, clients, rejections, int(worker_reclipped))
+
+    def _cohort_of(self, reply: Message) -> list[int] | None:
+        reply_to = reply.metadata.reply_to_message_id
+        for message, ids in self._cohort_messages:
+            if message.metadata.message_id == reply_to and set(ids) <= self._awaiting:
+                return ids
+        return None
+
     def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
         p = self.config.privacy
         counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
         reclipped = received = 0
-        accepted: list[tuple[int, list[np.ndarray], dict[str, float]]] = []
+        # (first partition id, an update or a cohort's sum, the number of client updates in it)
+        contributions: list[tuple[int, list[np.ndarray], int]] = []
+        clients: list[tuple[int, dict[str, float]]] = []
         for reply in replies:
+            if self._cohort_messages:
+                ids = self._cohort_of(reply)
+                if ids is None:
+                    received += 1
+                    counts["malformed"] += 1
+                    log(WARNING, "Round %d: reply rejected (malformed): not a reply to an open cohort", server_round)
+                    continue
+                received += len(ids)
+                self._awaiting -= set(ids)
+                kind, payload = self.screen_cohort_reply(reply, ids)
+                if kind != "ok":
+                    counts[kind] += len(ids)
+                    log(WARNING, "Round %d: cohort reply rejected (%s): %s", server_round, kind, payload)
+                    continue
+                total, accepted, rejections, worker_reclipped = payload
+                for rejection, pids in rejections.items():
+                    counts[rejection] += len(pids)
+                reclipped += worker_reclipped
+                if not accepted:
+                    continue
+                if self._round_mask is not None:
+                    total = mech.apply_mask(total, self._round_mask)
+                if self.server_clips:
+                    # The worker re-clipped each client to C; a sum of k such updates is within k·C.
+                    total, norm = mech.clip_update(total, len(accepted) * p.clip_norm)
+                    reclipped += len(accepted) * int(norm > len(accepted) * p.clip_norm * (1 + 1e-5))
+                contributions.append((accepted[0][0], total, len(accepted)))
+                clients.extend(accepted)
+                continue
             received += 1
             kind, payload = self.screen_reply(reply)
             if kind != "ok":
@@ -348,33 +514,36 @@ class FederatedStrategy(Strategy):
                 # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
                 update, server_norm = mech.clip_update(update, p.clip_norm)
                 reclipped += int(server_norm > p.clip_norm * (1 + 1e-5))
-            accepted.append((partition_id, update, metrics))
+            contributions.append((partition_id, update, 1))
+            clients.append((partition_id, metrics))
 
-        accepted.sort(key=lambda item: item[0])  # fixed summation order: same seed, same model
-        average = self.combine(server_round, [u for _, u, _ in accepted])
+        contributions.sort(key=lambda item: item[0])  # fixed summation order: same seed, same model
+        clients.sort(key=lambda item: item[0])
+        num_clients = sum(n for _, _, n in contributions)
+        average = self.combine(server_round, [u for _, u, _ in contributions], num_clients)
         eta = self.config.strategy.server_lr
         new_weights = [
             (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
             for w, a in zip(self._global, average, strict=True)
         ]
 
-        norms = [float(m["pre_clip_norm"]) for _, _, m in accepted]
+        norms = [float(m["pre_clip_norm"]) for _, m in clients]
         stats: dict[str, Any] = {
             "sampled": self._sampled,
             "received": received,
-            "aggregated": len(accepted),
+            "aggregated": num_clients,
             "failed": counts["failed"] + (self._sampled - received),
             "rejected_malformed": counts["malformed"],
             "rejected_nonfinite": counts["nonfinite"],
             "rejected_shape": counts["shape"],
             "reclipped": reclipped,
-            "train_loss": _mean([m["train_loss"] for _, _, m in accepted]),
-            "train_accuracy": _mean([m["train_accuracy"] for _, _, m in accepted]),
+            "train_loss": _mean([m["train_loss"] for _, m in clients]),
+            "train_accuracy": _mean([m["train_accuracy"] for _, m in clients]),
             # For the non-private references the statistics say what clipping at C would have done.
             **mech.clipping_stats(norms, p.clip_norm),
             "client_norms": norms,
             **{
-                f"first_{key}": min((m[key] for _, _, m in accepted if key in m), default=math.nan)
+                f"first_{key}": min((m[key] for _, m in clients if key in m), default=math.nan)
                 for key in CLIENT_TIMESTAMPS
             },
         }
@@ -389,16 +558,20 @@ class FederatedStrategy(Strategy):
     def server_clips(self) -> bool:
         return self.private and self.config.privacy.placement == "server"
 
-    def combine(self, server_round: int, updates: list[list[np.ndarray]]) -> list[np.ndarray]:
-        """Steps 6: uniform sum over the fixed denominator m, the server's noise, post-processing."""
+    def combine(self, server_round: int, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
+        """Steps 6: uniform sum over the fixed denominator m, the server's noise, post-processing.
+
+        ``updates`` are client updates or cohort sums of them (their sum is the same); ``num_clients`` is the
+        number of client updates they hold.
+        """
         if not self.private:
-            return mech.uniform_average(updates, max(len(updates), 1), self._shapes)
+            return mech.uniform_average(updates, max(num_clients, 1), self._shapes)
         p = self.config.privacy
         average = mech.uniform_average(updates, self.expected_clients, self._shapes)
         if p.placement == "server":
             std = mech.gaussian_noise_std(self.noise_multiplier, p.clip_norm, self.expected_clients, "server")
         else:
-            std = mech.client_noise_topup_std(self.noise_multiplier, p.clip_norm, self.expected_clients, len(updates))
+            std = mech.client_noise_topup_std(self.noise_multiplier, p.clip_norm, self.expected_clients, num_clients)
         average = mech.add_gaussian_noise(average, std, self._noise_rng(server_round))
         support = self.noise_support(updates)
         if support is not None:
@@ -406,7 +579,8 @@ class FederatedStrategy(Strategy):
         return self.postprocess(average)
 
     def noise_support(self, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
-        """Coordinates that carry noise (None = all): the round's shared mask for Fed-SMP."""
+        """Coordinates that carry noise (None = all): the round's shared mask for Fed-SMP. ``updates`` may be
+        cohort sums: the support of a sum is the union of its clients' supports (up to exact cancellation)."""
         return self._round_mask
 
     # ----- the run -----------------------------------------------------------------------------------------------
@@ -432,6 +606,7 @@ class FederatedStrategy(Strategy):
         if self.config.privacy.secure_noise == "auto":
             # Simulation keeps reproducible seeded noise; a real deployment gets the CSPRNG.
             self.secure_noise = not is_simulation(grid)
+        self._simulation = is_simulation(grid)
         self.summary()
         self.population.connect(grid, timeout)
         train_config = ConfigRecord() if train_config is None else train_config

@@ -137,9 +137,9 @@ class NoisyFedAvg(FederatedStrategy):
             prox_coef=self.prox_coef,
         )
 
-    def combine(self, server_round: int, updates: list[list[np.ndarray]]) -> list[np.ndarray]:
+    def combine(self, server_round: int, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
         # The clients already added the noise; the server takes the plain uniform mean of what arrived.
-        return mech.uniform_average(updates, max(len(updates), 1), self._shapes)
+        return mech.uniform_average(updates, max(num_clients, 1), self._shapes)
 
 
 class NoisyFedProx(NoisyFedAvg):

@@ -46,9 +46,11 @@ __all__ = [
     "make_rng",
     "poisson_sample",
     "randk_mask",
+    "screen_update",
     "secure_rng",
     "topk_mask",
     "uniform_average",
+    "uniform_sum",
 ]
 
 # How many times clip_update may shrink its factor by one ulp-sized step before giving up; a single step
@@ -265,6 +267,29 @@ def has_shapes(update: Sequence[np.ndarray], reference_shapes: Sequence[tuple[in
     return all(tuple(np.shape(tensor)) == tuple(shape) for tensor, shape in zip(update, reference_shapes, strict=True))
 
 
+def screen_update(
+    update: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
+) -> Literal["shape", "nonfinite"] | None:
+    """Why an update from a client must be rejected before aggregation (SPEC §2), or None if it may be used:
+    ``shape`` (wrong tensor count, shapes or a non-floating dtype) or ``nonfinite`` (NaN/Inf anywhere)."""
+    if not has_shapes(update, shapes) or not all(np.issubdtype(np.asarray(u).dtype, np.floating) for u in update):
+        return "shape"
+    if not is_finite_update(update):
+        return "nonfinite"
+    return None
+
+
+def uniform_sum(updates: Sequence[Sequence[np.ndarray]], shapes: Sequence[tuple[int, ...]]) -> NDArrays:
+    """Σ_i Δ_i in float64, in the given order (zeros of ``shapes`` for no updates); see :func:`uniform_average`."""
+    totals = [np.zeros(tuple(shape), dtype=np.float64) for shape in shapes]
+    for index, update in enumerate(updates):
+        if not has_shapes(update, shapes):
+            raise ValueError(f"update {index} does not match the model's tensor shapes")
+        for total, tensor in zip(totals, update, strict=True):
+            total += np.asarray(tensor, dtype=np.float64)
+    return totals
+
+
 def uniform_average(
     updates: Sequence[Sequence[np.ndarray]],
     denominator: float,
@@ -280,13 +305,7 @@ def uniform_average(
     """
     if denominator <= 0 or not math.isfinite(denominator):
         raise ValueError(f"denominator must be a positive finite number, got {denominator}")
-    totals = [np.zeros(tuple(shape), dtype=np.float64) for shape in shapes]
-    for index, update in enumerate(updates):
-        if not has_shapes(update, shapes):
-            raise ValueError(f"update {index} does not match the model's tensor shapes")
-        for total, tensor in zip(totals, update, strict=True):
-            total += np.asarray(tensor, dtype=np.float64)
-    return [(total / denominator).astype(np.float32) for total in totals]
+    return [(total / denominator).astype(np.float32) for total in uniform_sum(updates, shapes)]
 
 
 # ------------------------------------------------------------------------------------------------------------

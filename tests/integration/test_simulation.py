@@ -163,6 +163,8 @@ def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Pa
         ("privacy.noise_multiplier=-1", "privacy.noise_multiplier"),
         ("privacy.sample_rate=1.5", "privacy.sample_rate"),
         ("strategy=no_such_strategy", "strategy"),
+        ("simulation.cohort_size=0", "simulation.cohort_size"),
+        ("simulation.cohort_engine=gpu", "simulation.cohort_engine"),
     ],
 )
 def test_invalid_config_fails_with_one_clear_message_before_ray(short_tmp: Path, override: str, key: str) -> None:
@@ -220,11 +222,14 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: P
     assert json.loads((out / "run.json").read_text())["resumed_after_round"] == checkpointed
 
 
-def test_faulty_clients_are_rejected_counted_and_the_rounds_complete(short_tmp: Path) -> None:
-    """A client that raises, one that sends NaN, one with a huge unclipped update and one with wrong shapes."""
+@pytest.mark.parametrize("cohort_size", ["1", "auto"])
+def test_faulty_clients_are_rejected_counted_and_the_rounds_complete(short_tmp: Path, cohort_size: str) -> None:
+    """A client that raises, one that sends NaN, one with a huge unclipped update and one with wrong shapes: each
+    rejected (or re-clipped) alone, by the server for per-client messages and inside the worker for a cohort."""
     proc = run_hydra(
         short_tmp,
         [
+            f"simulation.cohort_size={cohort_size}",
             "num_rounds=2",
             "dataset.num_clients=10",
             "dataset.max_train_samples=1200",

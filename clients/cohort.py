@@ -1,0 +1,146 @@
+"""Cohort training (issue 12): one train message makes a worker train several sampled clients.
+
+The server (strategies/base.py) hands each worker a cohort of sampled partitions in one message instead of one
+partition per message. The worker trains them with one of two engines:
+
+* ``sequential`` — one client after another through the per-client path (:func:`clients.numpy_client.train_one`,
+  one cached model reused): on a CPU this is the per-client path minus the engine's per-message cost;
+* ``vectorized`` — the whole cohort at once on stacked copies of the model (:mod:`clients.vectorized`,
+  ``torch.func``): the way to fill a GPU with small clients.
+
+Privacy stays per client: each client's Δ goes through its own recipe (:func:`clients.recipes.privatize_update`:
+clip on its own global norm, its own noise in client placement), then through the same screening the server
+applies to a per-client reply (:func:`fl_app.privacy.mechanisms.screen_update`; in server placement a re-clip to C
+that never trusts the recipe). The reply carries the float64 sum of the accepted clients' updates in partition
+order, and per client its statistics and its fate (aggregated, failed, non-finite, wrong shape); the server checks
+the sum again (finite, shapes, ‖sum‖ ≤ k·C). A client that diverges, raises or sends garbage is dropped alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from clients.faults import inject_fault
+from clients.numpy_client import _model, client_data, client_generator, resolve_device, train_one
+from clients.recipes import privatize_update
+from clients.regularizers import blur_term
+from clients.training import LocalTrainingResult
+from clients.vectorized import StackedRegularizer, train_stacked, train_stacked_noisy
+from fl_app.instructions import TrainInstructions
+from fl_app.models import set_weights, weight_names
+from fl_app.privacy import mechanisms as mech
+
+Engine = Literal["sequential", "vectorized"]
+
+#: Per-client fates a cohort reply reports, besides "ok" (the keys of the reply's id lists).
+REJECTIONS = ("failed", "nonfinite", "shape")
+
+
+def resolve_engine(requested: str, device: torch.device) -> Engine:
+    """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, README "Performance")."""
+    if requested in ("sequential", "vectorized"):
+        return requested  # type: ignore[return-value]
+    return "vectorized" if device.type == "cuda" else "sequential"
+
+
+@dataclass
+class CohortResult:
+    """What a worker reports for its cohort."""
+
+    total: list[np.ndarray]  # float64 sum of the accepted clients' updates, in partition order
+    accepted: list[int] = field(default_factory=list)  # partition ids in the sum, ascending
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # per accepted client, aligned with ``accepted``
+    rejected: dict[str, list[int]] = field(default_factory=lambda: {k: [] for k in REJECTIONS})
+    reclipped: int = 0
+    num_examples: int = 0
+    train_started_unix: float = float("nan")
+
+
+def _train_vectorized(
+    parameters: list[np.ndarray], ins: TrainInstructions, partition_ids: list[int]
+) -> list[tuple[list[np.ndarray], LocalTrainingResult]]:
+    device = resolve_device(ins.device)
+    model = _model(ins.model, ins.data.dataset, str(device))
+    set_weights(model, parameters)
+    names = weight_names(model)
+    data = [client_data(ins.data, pid) for pid in partition_ids]
+    generators = [client_generator(ins, pid) for pid in partition_ids]
+    if ins.noisy_training is not None:
+        finals, results = train_stacked_noisy(model, data, ins.noisy_training, ins.server_round, generators, device)
+    else:
+        assert ins.training is not None
+        regularizer: StackedRegularizer | None = None
+        if ins.recipe.blur_coef > 0 and ins.clip_norm > 0:
+            clip, coef = ins.clip_norm, ins.recipe.blur_coef
+
+            def regularizer(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> torch.Tensor:
+                return blur_term([params[n] for n in reference], list(reference.values()), clip, coef)
+
+        finals, results = train_stacked(
+            model, data, ins.training, ins.server_round, generators, device, regularizer=regularizer
+        )
+    out = []
+    for final, result in zip(finals, results, strict=True):
+        update = [final[name].numpy().astype(np.float32) - old for name, old in zip(names, parameters, strict=True)]
+        out.append((update, result))
+    return out
+
+
+def train_cohort(
+    parameters: list[np.ndarray],
+    ins: TrainInstructions,
+    partition_ids: list[int],
+    faults: list[str],
+    engine: Engine,
+    shared_mask: list[np.ndarray] | None = None,
+) -> CohortResult:
+    """Train the cohort ``partition_ids`` from the global ``parameters``; privatize and screen each client."""
+    if len(faults) != len(partition_ids):
+        raise ValueError(f"{len(partition_ids)} partitions but {len(faults)} fault entries")
+    shapes = [tuple(p.shape) for p in parameters]
+    started = time.time()
+    if engine == "vectorized":
+        trained = _train_vectorized(parameters, ins, partition_ids)
+    else:
+        trained = []
+        for pid in partition_ids:
+            update, result, first_step = train_one(parameters, ins, pid)
+            started = min(started, first_step) if trained else first_step
+            trained.append((update, result))
+    out = CohortResult(total=[], train_started_unix=started)
+    # In server placement the update must be within C whatever the recipe did (the server's rule, applied here
+    # to each client because the server only sees the cohort's sum).
+    reclip = ins.clip_norm > 0 and not ins.add_noise and ins.recipe.kind != "noisy_model"
+    accepted: list[tuple[int, list[np.ndarray]]] = []
+    stats: dict[str, list[float]] = {k: [] for k in ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps")}
+    order = sorted(range(len(partition_ids)), key=lambda i: partition_ids[i])
+    for i in order:
+        pid, fault = partition_ids[i], faults[i]
+        update, result = trained[i]
+        if result.diverged or fault == "raise":
+            out.rejected["failed"].append(pid)
+            continue
+        sent, pre_clip_norm = privatize_update(update, ins, pid, shared_mask)
+        sent = inject_fault(fault, sent)
+        kind = mech.screen_update(sent, shapes)
+        if kind is not None:
+            out.rejected[kind].append(pid)
+            continue
+        if reclip:
+            sent, norm = mech.clip_update(sent, ins.clip_norm)
+            out.reclipped += int(norm > ins.clip_norm * (1 + 1e-5))
+        accepted.append((pid, sent))
+        out.num_examples += result.num_examples
+        stats["pre_clip_norm"].append(pre_clip_norm)
+        stats["train_loss"].append(result.loss)
+        stats["train_accuracy"].append(result.accuracy)
+        stats["num_steps"].append(float(result.num_steps))
+    out.total = mech.uniform_sum([u for _, u in accepted], shapes)
+    out.accepted = [pid for pid, _ in accepted]
+    out.metrics = stats
+    return out

@@ -1,0 +1,353 @@
+"""Local training of many clients at once: stacked copies of one model under ``torch.func`` (vmap + grad).
+
+The same local procedures as :mod:`clients.training`, run for a whole cohort of clients in one batched
+computation instead of one client after another — the way to fill a GPU with a round of small clients:
+
+* :func:`train_stacked` — SPEC §3: E epochs of ⌈n_i/B⌉ mini-batches (``max_steps`` caps K_i), SGD with momentum,
+  weight decay and the round's learning rate η_t, or SAM / ASAM around it (journal Eqs. 8–9; two gradients on
+  the same batch, the step taken from the unperturbed weights), optionally with a regulariser such as BLUR
+  (both SAM passes, as :func:`clients.training.train_local` adds ``extra_loss``);
+* :func:`train_stacked_noisy` — the Noisy-FedAvg / Noisy-FedProx local steps (seed 004 App. B Alg. 1): K plain
+  SGD steps, the minibatch gradient clipped to V on the global norm, the prox term after clipping.
+
+Every client draws exactly the mini-batches :mod:`clients.training` would draw from the same generator (the
+schedules are built by :func:`batch_schedule` / :func:`noisy_batch_schedule`, which replay those loops'
+``randperm`` calls), so client i's result equals the per-client path's to float tolerance.
+
+Unequal clients, no padded steps: clients are sorted by their number of local steps, longest first, so the clients
+still training at step s are a prefix of the stack and step s computes only those. Within a step, a client whose
+batch is the short last batch of its epoch gets its batch padded to the step's width with zero-weight samples
+(the loss is the weighted mean over its real samples, so its gradient is exactly its own batch's).
+
+Divergence (SPEC §2): a client whose loss (either SAM pass) or gradient norm turns non-finite stops at its last
+finite weights — its later steps are computed but never applied — and is reported ``diverged`` alone; the others
+are untouched. Nothing syncs with the host inside the loop.
+
+Models with buffers (BatchNorm running statistics) are refused: their per-client statistics would need a
+per-client train-mode state that vmap does not give. GroupNorm models (no buffers) work. Nothing here knows about
+differential privacy or federation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from clients.training import LocalTrainingConfig, LocalTrainingResult, NoisyLocalConfig, local_lr, noisy_step_lr
+
+__all__ = [
+    "StackedRegularizer",
+    "batch_schedule",
+    "check_vectorizable",
+    "noisy_batch_schedule",
+    "train_stacked",
+    "train_stacked_noisy",
+]
+
+Params = dict[str, torch.Tensor]
+#: R(w_i, w_ref) for one client's parameters (a dict) and the round's reference weights; vmapped over clients.
+StackedRegularizer = Callable[[Params, Params], torch.Tensor]
+
+
+def check_vectorizable(model: nn.Module) -> None:
+    """Raise ValueError if ``model`` cannot be trained stacked (it has buffers, e.g. BatchNorm statistics)."""
+    buffers = [name for name, _ in model.named_buffers()]
+    if buffers:
+        raise ValueError(
+            "the vectorized cohort engine needs a model without buffers (BatchNorm running statistics cannot be "
+            f"kept per client under vmap; use GroupNorm); this model has {buffers[:3]}"
+        )
+
+
+def batch_schedule(n: int, config: LocalTrainingConfig, generator: torch.Generator) -> list[torch.Tensor]:
+    """The mini-batch index tensors :func:`clients.training.train_local` draws for a client of n samples."""
+    if n == 0:
+        return []
+    steps_per_epoch = math.ceil(n / config.batch_size)
+    total = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    batches: list[torch.Tensor] = []
+    while len(batches) < total:
+        perm = torch.randperm(n, generator=generator, device=generator.device).cpu()
+        for start in range(0, n, config.batch_size):
+            if len(batches) >= total:
+                break
+            batches.append(perm[start : start + config.batch_size])
+    return batches
+
+
+def noisy_batch_schedule(n: int, config: NoisyLocalConfig, generator: torch.Generator) -> list[torch.Tensor]:
+    """The K minibatches of b = min(B, n) indices :func:`clients.training.train_local_noisy` draws."""
+    if n == 0:
+        return []
+    b = min(config.batch_size, n)
+    perm = torch.randperm(n, generator=generator, device=generator.device).cpu()
+    pos = 0
+    batches = []
+    for _ in range(config.steps):
+        if pos + b > n:
+            perm = torch.randperm(n, generator=generator, device=generator.device).cpu()
+            pos = 0
+        batches.append(perm[pos : pos + b])
+        pos += b
+    return batches
+
+
+@dataclass
+class _Plan:
+    """Client order (longest first), the concatenated data, and per step the active prefix's padded batches."""
+
+    order: list[int]  # stack position -> index into the caller's client list
+    x: torch.Tensor  # all clients' samples, concatenated
+    y: torch.Tensor
+    steps: list[int]  # per stack position
+    index: list[torch.Tensor]  # per step s: [k_s, width_s] indices into x (padding repeats a real index)
+    weight: list[torch.Tensor]  # per step s: [k_s, width_s], 1 for real samples and 0 for padding
+
+
+def _plan(
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]], schedules: Sequence[list[torch.Tensor]], device: torch.device
+) -> _Plan:
+    order = sorted(range(len(data)), key=lambda i: (-len(schedules[i]), i))
+    offsets, start = [], 0
+    for x, _ in data:
+        offsets.append(start)
+        start += int(x.shape[0])
+    x_all = torch.cat([x for x, _ in data]).to(device) if data else torch.empty(0)
+    y_all = torch.cat([y for _, y in data]).to(device=device, dtype=torch.long) if data else torch.empty(0)
+    steps = [len(schedules[i]) for i in order]
+    index, weight = [], []
+    for s in range(steps[0] if steps else 0):
+        active = [i for i in order if len(schedules[i]) > s]
+        width = max(len(schedules[i][s]) for i in active)
+        rows_i, rows_w = [], []
+        for i in active:
+            batch = schedules[i][s] + offsets[i]
+            pad = width - len(batch)
+            rows_i.append(torch.cat([batch, batch[:1].expand(pad)]) if pad else batch)
+            rows_w.append(torch.cat([torch.ones(len(batch)), torch.zeros(pad)]))
+        index.append(torch.stack(rows_i).to(device))
+        weight.append(torch.stack(rows_w).to(device))
+    return _Plan(order, x_all, y_all, steps, index, weight)
+
+
+def _stack(global_params: Params, k: int) -> Params:
+    return {name: p.detach().unsqueeze(0).repeat(k, *([1] * p.dim())) for name, p in global_params.items()}
+
+
+def _per_client_norm(tensors: Params) -> torch.Tensor:
+    """Global L2 norm of each client's tensors (dim 0 = client), combined layer by layer like the per-client path."""
+    layer_norms = [torch.linalg.vector_norm(t.flatten(1), 2, dim=1) for t in tensors.values()]
+    return torch.linalg.vector_norm(torch.stack(layer_norms, dim=1), 2, dim=1)
+
+
+def _bcast(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return v.view(-1, *([1] * (like.dim() - 1)))
+
+
+class _Loss:
+    """The per-client loss (weighted mean cross-entropy over the real samples, plus an optional regulariser)."""
+
+    def __init__(self, model: nn.Module, regularizer: StackedRegularizer | None) -> None:
+        self.model = model
+        self.regularizer = regularizer
+
+    def __call__(
+        self, params: Params, x: torch.Tensor, y: torch.Tensor, w: torch.Tensor, reference: Params
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        logits = functional_call(self.model, params, (x,))
+        data_loss = (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum()
+        total = data_loss if self.regularizer is None else data_loss + self.regularizer(params, reference)
+        correct = ((logits.argmax(dim=1) == y).to(w.dtype) * w).sum()
+        return total, (total.detach(), data_loss.detach(), correct.detach())
+
+
+def _results(
+    params: Params, alive: torch.Tensor, loss_sum: torch.Tensor, correct: torch.Tensor, seen: torch.Tensor,
+    steps: torch.Tensor, sizes: Sequence[int],
+) -> list[LocalTrainingResult]:  # fmt: skip
+    finite_weights = torch.stack([torch.isfinite(p.flatten(1)).all(dim=1) for p in params.values()], dim=1).all(dim=1)
+    ok = (alive & finite_weights).tolist()
+    loss_sum_l, correct_l, seen_l, steps_l = loss_sum.tolist(), correct.tolist(), seen.tolist(), steps.tolist()
+    out = []
+    for j, n in enumerate(sizes):
+        seen_j = seen_l[j]
+        if n == 0:
+            out.append(LocalTrainingResult(loss=0.0, accuracy=0.0, num_examples=0, num_steps=0, diverged=False))
+        elif not ok[j]:
+            accuracy = correct_l[j] / seen_j if seen_j else 0.0
+            out.append(
+                LocalTrainingResult(math.nan, accuracy, num_examples=n, num_steps=int(steps_l[j]), diverged=True)
+            )
+        else:
+            out.append(
+                LocalTrainingResult(
+                    loss_sum_l[j] / seen_j, correct_l[j] / seen_j, num_examples=n, num_steps=int(steps_l[j]),
+                    diverged=False,
+                )  # fmt: skip
+            )
+    return out
+
+
+def _reorder(stacked: list[LocalTrainingResult], order: list[int]) -> list[LocalTrainingResult]:
+    results: list[LocalTrainingResult] = list(stacked)
+    for position, i in enumerate(order):
+        results[i] = stacked[position]
+    return results
+
+
+def _unstack(params: Params, order: list[int], count: int) -> list[Params]:
+    """Per client (in the caller's order) its tensors, moved to the CPU."""
+    cpu = {name: p.detach().cpu() for name, p in params.items()}
+    result: list[Params] = [{} for _ in range(count)]
+    for position, i in enumerate(order):
+        result[i] = {name: t[position] for name, t in cpu.items()}
+    return result
+
+
+def _start(
+    model: nn.Module, data: Sequence[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> tuple[nn.Module, Params]:
+    check_vectorizable(model)
+    for x, y in data:
+        if int(x.shape[0]) != int(y.shape[0]):
+            raise ValueError(f"x has {int(x.shape[0])} samples but y has {int(y.shape[0])}")
+    model = model.to(device).train()
+    global_params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+    return model, global_params
+
+
+def train_stacked(
+    model: nn.Module,
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    config: LocalTrainingConfig,
+    server_round: int,
+    generators: Sequence[torch.Generator],
+    device: torch.device,
+    regularizer: StackedRegularizer | None = None,
+) -> tuple[list[Params], list[LocalTrainingResult]]:
+    """Train one copy of ``model`` (its current weights = the round's global model) per client, all at once.
+
+    Client i trains on ``data[i]`` with mini-batches drawn from ``generators[i]`` exactly as
+    :func:`clients.training.train_local` would. Returns, per client in the given order, its final parameters (by
+    name, on the CPU) and a :class:`LocalTrainingResult`. ``model`` itself is left unchanged (its parameters are
+    the shared starting point). Momentum buffers start from zero, as the per-client path's fresh optimizer does.
+    """
+    if len(generators) != len(data):
+        raise ValueError(f"{len(data)} clients but {len(generators)} generators")
+    if not data:
+        return [], []
+    model, global_params = _start(model, data, device)
+    schedules = [batch_schedule(int(x.shape[0]), config, g) for (x, _), g in zip(data, generators, strict=True)]
+    plan = _plan(data, schedules, device)
+    count = len(data)
+    params = _stack(global_params, count)
+    momentum = {name: torch.zeros_like(p) for name, p in params.items()}
+    loss_fn = _Loss(model, regularizer)
+    grad_fn = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0, 0, None))
+    lr = local_lr(config.lr, config.lr_decay, server_round)
+    alive = torch.ones(count, dtype=torch.bool, device=device)
+    loss_sum = torch.zeros(count, device=device, dtype=torch.float64)
+    correct = torch.zeros(count, device=device, dtype=torch.float64)
+    seen = torch.zeros(count, device=device, dtype=torch.float64)
+    steps = torch.zeros(count, device=device, dtype=torch.long)
+    sam = config.optimizer == "sam"
+    eps = 1e-12  # clients.sam.SAM's default: a zero gradient gives a zero perturbation, not 0/0
+    with torch.no_grad():
+        for index, weight in zip(plan.index, plan.weight, strict=True):
+            k = int(index.shape[0])
+            p = {name: t[:k] for name, t in params.items()}
+            xb, yb = plan.x[index], plan.y[index]
+            g, (total, data_loss, hits) = grad_fn(p, xb, yb, weight, global_params)
+            finite = torch.isfinite(total)
+            if sam:
+                scaled = {name: p[name].abs() * gi for name, gi in g.items()} if config.adaptive else g
+                scale = config.rho / (_per_client_norm(scaled) + eps)
+                perturbed = {}
+                for name, gi in g.items():
+                    e = gi * _bcast(scale, gi)
+                    if config.adaptive:
+                        e = e * p[name].square()
+                    perturbed[name] = p[name] + e
+                g, (perturbed_total, _, _) = grad_fn(perturbed, xb, yb, weight, global_params)
+                finite = finite & torch.isfinite(perturbed_total)
+            take = alive[:k] & finite
+            for name, gi in g.items():
+                d_p = gi + config.weight_decay * p[name] if config.weight_decay else gi
+                buf = momentum[name][:k]
+                new_buf = buf * config.momentum + d_p if config.momentum else d_p
+                new_p = p[name] - lr * new_buf
+                mask = _bcast(take, new_p)
+                buf.copy_(torch.where(mask, new_buf, buf))
+                p[name].copy_(torch.where(mask, new_p, p[name]))
+            real = weight.sum(dim=1).to(torch.float64)
+            takef = take.to(torch.float64)
+            loss_sum[:k] += takef * data_loss.to(torch.float64) * real
+            correct[:k] += takef * hits.to(torch.float64)
+            seen[:k] += takef * real
+            steps[:k] += take.to(torch.long)
+            alive[:k] = take
+    sizes_stacked = [int(data[i][0].shape[0]) for i in plan.order]
+    results_stacked = _results(params, alive, loss_sum, correct, seen, steps, sizes_stacked)
+    return _unstack(params, plan.order, count), _reorder(results_stacked, plan.order)
+
+
+def train_stacked_noisy(
+    model: nn.Module,
+    data: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    config: NoisyLocalConfig,
+    server_round: int,
+    generators: Sequence[torch.Generator],
+    device: torch.device,
+) -> tuple[list[Params], list[LocalTrainingResult]]:
+    """:func:`clients.training.train_local_noisy` for every client at once (same minibatches, clip to V, prox)."""
+    if server_round < 1:
+        raise ValueError(f"server_round must be >= 1 (Flower rounds start at 1), got {server_round}")
+    if len(generators) != len(data):
+        raise ValueError(f"{len(data)} clients but {len(generators)} generators")
+    if not data:
+        return [], []
+    model, global_params = _start(model, data, device)
+    schedules = [noisy_batch_schedule(int(x.shape[0]), config, g) for (x, _), g in zip(data, generators, strict=True)]
+    plan = _plan(data, schedules, device)
+    count = len(data)
+    params = _stack(global_params, count)
+    grad_fn = vmap(grad(_Loss(model, None), has_aux=True), in_dims=(0, 0, 0, 0, None))
+    t, K, alpha = server_round - 1, config.steps, config.prox_coef
+    alive = torch.ones(count, dtype=torch.bool, device=device)
+    loss_sum = torch.zeros(count, device=device, dtype=torch.float64)
+    correct = torch.zeros(count, device=device, dtype=torch.float64)
+    seen = torch.zeros(count, device=device, dtype=torch.float64)
+    steps = torch.zeros(count, device=device, dtype=torch.long)
+    with torch.no_grad():
+        for k_step, (index, weight) in enumerate(zip(plan.index, plan.weight, strict=True)):
+            k = int(index.shape[0])
+            p = {name: tensor[:k] for name, tensor in params.items()}
+            g, (_, data_loss, hits) = grad_fn(p, plan.x[index], plan.y[index], weight, global_params)
+            grad_norm = _per_client_norm(g)
+            take = alive[:k] & torch.isfinite(data_loss) & torch.isfinite(grad_norm)
+            denom = torch.clamp(grad_norm / config.grad_clip, min=1.0)
+            lr = noisy_step_lr(config.lr, config.schedule, k_step, t, K)
+            for name, gi in g.items():
+                step = gi / _bcast(denom, gi).to(gi.dtype)
+                if alpha > 0.0:
+                    step = step + alpha * (p[name] - global_params[name])
+                new_p = p[name] - lr * step
+                p[name].copy_(torch.where(_bcast(take, new_p), new_p, p[name]))
+            real = weight.sum(dim=1).to(torch.float64)
+            takef = take.to(torch.float64)
+            loss_sum[:k] += takef * data_loss.to(torch.float64) * real
+            correct[:k] += takef * hits.to(torch.float64)
+            seen[:k] += takef * real
+            steps[:k] += take.to(torch.long)
+            alive[:k] = take
+    sizes_stacked = [int(data[i][0].shape[0]) for i in plan.order]
+    results_stacked = _results(params, alive, loss_sum, correct, seen, steps, sizes_stacked)
+    return _unstack(params, plan.order, count), _reorder(results_stacked, plan.order)

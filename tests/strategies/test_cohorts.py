@@ -1,0 +1,194 @@
+"""The server side of cohort mode (issue 12): planning cohorts, and checking and aggregating cohort replies.
+
+Cohort replies carry the float64 sum of the accepted clients' updates plus per-client statistics and fates
+(clients/cohort.py). Nothing in them is trusted: each must account for exactly the cohort its message carried, once;
+its sum must have the model's shapes, be finite and (server placement) lie within k·C.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+
+from fl_app.privacy import mechanisms as mech
+from strategies.population import balance_cohorts
+from tests.helpers import build, prime, reply, with_norm, zeros
+
+SHAPES = [(3, 4), (5,)]
+GLOBAL = zeros(SHAPES)
+
+
+def _cohort_strategy(*overrides: str, nodes: int = 2):
+    strategy = build(*overrides)
+    strategy._simulation = True
+    strategy.population._nodes = list(range(1, nodes + 1))
+    return strategy
+
+
+def _send(strategy, sampled: list[int]) -> list[Message]:
+    """configure_train's cohort messages for ``sampled``, with message ids as a grid assigns them on push."""
+    prime(strategy, GLOBAL, sampled=len(sampled), partitions=sampled)
+    cohorts = strategy.plan_cohorts(sampled)
+    messages = strategy._cohort_messages_for(cohorts, ArrayRecord(GLOBAL), ConfigRecord({"seed": 0}), ConfigRecord())
+    for i, message in enumerate(messages):
+        message.metadata.__dict__["_message_id"] = f"m{i}"
+    return messages
+
+
+def _reply(to: Message, updates: dict[int, list[np.ndarray]], **rejected: list[int]) -> Message:
+    ids = sorted(updates)
+    shapes = [u.shape for u in next(iter(updates.values()))] if updates else SHAPES
+    total = mech.uniform_sum([updates[i] for i in ids], shapes)
+    metrics = {
+        "cohort_ids": ids,
+        "pre_clip_norm": [mech.global_l2_norm(updates[i]) for i in ids],
+        "train_loss": [0.1] * len(ids),
+        "train_accuracy": [0.5] * len(ids),
+        "num_steps": [3.0] * len(ids),
+        "failed_ids": rejected.get("failed", []),
+        "nonfinite_ids": rejected.get("nonfinite", []),
+        "shape_ids": rejected.get("shape", []),
+        "reclipped": 0,
+        "num_examples": 10,
+    }
+    return Message(RecordDict({"arrays": ArrayRecord(total), "metrics": MetricRecord(metrics)}), reply_to=to)
+
+
+def _cohorts(messages: list[Message]) -> list[list[int]]:
+    return [[int(p) for p in m.content["config"]["partition_ids"]] for m in messages]
+
+
+def test_balance_cohorts_partitions_the_sample_and_balances_the_work():
+    ids = list(range(100, 120))
+    work = [(7 * i) % 13 + 1 for i in range(20)]
+    cohorts = balance_cohorts(ids, work, 3)
+    assert sorted(p for c in cohorts for p in c) == ids and all(c == sorted(c) for c in cohorts)
+    loads = [sum(work[ids.index(p)] for p in c) for c in cohorts]
+    # Longest-processing-time-first: no cohort exceeds the mean load by more than the largest single client.
+    assert max(loads) <= sum(work) / 3 + max(work)
+    assert balance_cohorts(ids, work, 3) == cohorts  # deterministic
+    assert len(balance_cohorts([4, 2], [0, 0], 5)) == 2  # never an empty cohort, even at zero work
+
+
+def test_cohort_count_follows_the_config_and_the_engine():
+    assert _cohort_strategy("simulation.cohort_size=auto", nodes=3).cohort_count(10) == 3
+    assert _cohort_strategy("simulation.cohort_size=auto", nodes=3).cohort_count(2) == 2
+    assert _cohort_strategy("simulation.cohort_size=4").cohort_count(10) == 3
+    assert _cohort_strategy("simulation.cohort_size=1").cohort_count(10) == 0
+    deployed = _cohort_strategy("simulation.cohort_size=auto")
+    deployed._simulation = False  # a real SuperLink: every node is a client machine, one message per client
+    assert deployed.cohort_count(10) == 0
+
+
+def test_cohort_messages_carry_every_sampled_client_once_with_its_fault():
+    strategy = _cohort_strategy("dataset.num_clients=50", "fault_injection.nan_partitions=[7]", nodes=3)
+    sampled = [1, 4, 7, 9, 20, 33, 41]
+    messages = _send(strategy, sampled)
+    assert len(messages) == 3
+    cohorts = _cohorts(messages)
+    assert sorted(p for c in cohorts for p in c) == sampled
+    for message, cohort in zip(messages, cohorts, strict=True):
+        faults = list(message.content["config"]["faults"])
+        assert faults == ["nan" if p == 7 else "" for p in cohort]
+    steps = {p: strategy.local_steps(p) for p in sampled}
+    loads = [sum(steps[p] for p in c) for c in cohorts]
+    assert max(loads) <= sum(steps.values()) / 3 + max(steps.values())
+
+
+@pytest.mark.parametrize("name", ["dp_fedavg", "fedavg"])
+def test_cohort_sums_aggregate_like_the_same_updates_sent_one_by_one(name):
+    overrides = (f"strategy={name}", "dataset.num_clients=50", "privacy.sample_rate=0.1")
+    sampled = [1, 4, 7, 9, 20]  # updates within C, as the workers send them (each client clipped)
+    updates = {p: with_norm(SHAPES, 0.03 * (i + 1), seed=p) for i, p in enumerate(sampled)}
+    cohort = _cohort_strategy(*overrides)
+    messages = _send(cohort, sampled)
+    replies = [_reply(m, {p: updates[p] for p in c}) for m, c in zip(messages, _cohorts(messages), strict=True)]
+    got = cohort.aggregate(1, replies)
+
+
+    single = build(*overrides)
+    prime(single, GLOBAL, sampled=len(sampled), partitions=sampled)
+    want = single.aggregate(1, [reply(p, updates[p]) for p in sampled])
+    for a, b in zip(got.new_weights, want.new_weights, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
+    assert got.stats["aggregated"] == 5 and got.stats["failed"] == 0
+    assert got.stats["client_norms"] == pytest.approx(want.stats["client_norms"])
+
+
+def test_a_cohort_sum_beyond_k_times_c_is_reclipped_by_the_server():
+    strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", "privacy.noise_multiplier=0", nodes=1)
+    c = strategy.config.privacy.clip_norm
+    sampled = [3, 8]
+    messages = _send(strategy, sampled)
+    huge = {p: with_norm(SHAPES, 100 * c, seed=p) for p in sampled}  # a worker that did not clip
+    outcome = strategy.aggregate(1, [_reply(messages[0], huge)])
+    m = strategy.expected_clients
+    assert mech.global_l2_norm(outcome.new_weights) <= 2 * c / m * (1 + 1e-5)
+    assert outcome.stats["reclipped"] == 2 and outcome.stats["aggregated"] == 2
+
+
+def _hostile(messages, kind: str) -> list[Message]:
+    good = {p: with_norm(SHAPES, 0.01, seed=p) for p in _cohorts(messages)[0]}
+    if kind == "wrong_ids":
+        return [_reply(messages[0], {p + 1000: u for p, u in good.items()})]
+    if kind == "missing_id":
+        return [_reply(messages[0], dict(list(good.items())[1:]))]
+    if kind == "nonfinite_sum":
+        tampered = _reply(messages[0], good)
+        tampered.content["arrays"] = ArrayRecord([np.full(s, np.inf) for s in SHAPES])
+        return [tampered]
+    if kind == "wrong_shape_sum":
+        return [_reply(messages[0], {p: [np.zeros((2, 2), np.float32), np.zeros(5, np.float32)] for p in good})]
+    if kind == "duplicate":
+        return [_reply(messages[0], good), _reply(messages[0], good)]
+    if kind == "unknown_message":
+        stranger = Message(RecordDict({}), dst_node_id=1, message_type="train")
+        stranger.metadata.__dict__["_message_id"] = "not-sent"
+        return [_reply(stranger, good)]
+    if kind == "error":
+        return [Message(Error(code=1, reason="worker died"), reply_to=messages[0])]
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    ("kind", "counter", "rejected"),
+    [
+        ("wrong_ids", "rejected_malformed", 3),
+        ("missing_id", "rejected_malformed", 3),
+        ("nonfinite_sum", "rejected_nonfinite", 3),
+        ("wrong_shape_sum", "rejected_shape", 3),
+        ("duplicate", "rejected_malformed", 1),
+        ("unknown_message", "rejected_malformed", 1),
+        ("error", "failed", 3),
+    ],
+)
+def test_a_hostile_or_broken_cohort_reply_is_rejected_and_counted(kind, counter, rejected):
+    strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", nodes=1)
+    messages = _send(strategy, [2, 5, 11])
+    outcome = strategy.aggregate(1, _hostile(messages, kind))
+    assert outcome.stats[counter] == rejected
+    assert outcome.stats["aggregated"] == (3 if kind == "duplicate" else 0)
+    assert all(np.isfinite(w).all() for w in outcome.new_weights)
+
+
+def test_clients_the_worker_rejected_are_counted_and_the_rest_aggregated():
+    strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", nodes=1)
+    messages = _send(strategy, [2, 5, 11, 13])
+    good = {5: with_norm(SHAPES, 0.01, seed=5)}
+    outcome = strategy.aggregate(1, [_reply(messages[0], good, failed=[2], nonfinite=[11], shape=[13])])
+    s = outcome.stats
+    assert (s["aggregated"], s["failed"], s["rejected_nonfinite"], s["rejected_shape"]) == (1, 1, 1, 1)
+    assert s["received"] == 4 and s["client_norms"] == pytest.approx([0.01])
+
+
+def test_a_missing_cohort_reply_counts_all_its_clients_as_failed():
+    strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", nodes=2)
+    messages = _send(strategy, [2, 5, 11, 13])
+    first = _cohorts(messages)[0]
+    outcome = strategy.aggregate(1, [_reply(messages[0], {p: with_norm(SHAPES, 0.01, seed=p) for p in first})])
+    assert outcome.stats["aggregated"] == len(first)
+    assert outcome.stats["failed"] == 4 - len(first)
+    assert math.isfinite(outcome.stats["norm_mean"])
