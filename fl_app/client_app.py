@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -19,6 +20,7 @@ from clients.cohort import resolve_engine, train_cohort
 from clients.faults import inject_fault
 from clients.numpy_client import DPClient, LocalTrainingDivergedError, resolve_device
 from fl_app.instructions import TrainInstructions
+from fl_app.threads import limit_library_threads
 
 app = ClientApp()
 
@@ -28,6 +30,8 @@ ERROR_DIVERGED = 1001
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    # torch's threads are the CPUs Ray gave this worker; NumPy's BLAS must not spin on the other cores.
+    limit_library_threads(torch.get_num_threads())
     config = msg.content["config"]
     shared_mask = None
     if "mask" in msg.content:

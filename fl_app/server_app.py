@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
@@ -30,6 +31,7 @@ from fl_app.config import AppConfig, compose_config, overrides_from_run_config
 from fl_app.data.datasets import load_dataset
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, get_weights, set_weights, weight_names
+from fl_app.threads import limit_library_threads
 from strategies.base import EvaluateFn, FederatedStrategy
 
 RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"
@@ -69,6 +71,8 @@ def _save_model_atomic(path: Path, names: list[str], weights: list[np.ndarray]) 
 def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: bool | None = None) -> Result:
     """Run one federated training with ``config`` on ``grid``; write metrics, run metadata and the final model."""
     started_unix = time.time()
+    # The server aggregates with NumPy while the workers train: its BLAS threads must not spin on their cores.
+    limit_library_threads(torch.get_num_threads())
     output_dir.mkdir(parents=True, exist_ok=True)
     log(INFO, "Run output directory: %s", output_dir)
     strategy = build_strategy(config)

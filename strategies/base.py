@@ -131,8 +131,10 @@ class FederatedStrategy(Strategy):
         self._global: list[np.ndarray] = []
         self._sampled = 0
         self._awaiting: set[int] = set()
-        # Cohort mode: the partitions each sent message carries, keyed by the message id the grid assigned.
-        self._cohort_messages: list[tuple[Message, list[int]]] = []
+        # This round's train messages and the partitions each carries (one, or a cohort); the grid assigns the
+        # message ids on sending, and a reply counts only as the answer to one of these, from its node, once.
+        self._sent: list[tuple[Message, list[int]]] = []
+        self._cohort_mode = False
         self._simulation = False
         self._round_mask: list[np.ndarray] | None = None
         self._previous_global: list[np.ndarray] = []
@@ -289,13 +291,14 @@ class FederatedStrategy(Strategy):
             expected_clients=self.expected_clients,
             secure_noise=self.secure_noise,
         ).to_config_record()
-        self._cohort_messages = []
         self._sampled = len(sampled)
         self._awaiting = set(sampled.tolist())
         cohorts = self.plan_cohorts([int(pid) for pid in sampled.tolist()])
+        self._cohort_mode = cohorts is not None
         if cohorts is not None:
-            return self._cohort_messages_for(cohorts, arrays, instructions, config)
-        messages = []
+            self._sent = self._cohort_messages_for(cohorts, arrays, instructions, config)
+            return [message for message, _ in self._sent]
+        messages: list[tuple[Message, list[int]]] = []
         for position, partition_id in enumerate(sampled.tolist()):
             client_config = ConfigRecord(
                 {
@@ -308,14 +311,14 @@ class FederatedStrategy(Strategy):
             content = RecordDict({"arrays": arrays, "config": client_config})
             if self._round_mask is not None:
                 content["mask"] = ArrayRecord([m.astype(np.uint8) for m in self._round_mask])
-            messages.append(
-                Message(
-                    content,
-                    dst_node_id=self.population.node_for(int(partition_id), position),
-                    message_type=MessageType.TRAIN,
-                )
+            message = Message(
+                content,
+                dst_node_id=self.population.node_for(int(partition_id), position),
+                message_type=MessageType.TRAIN,
             )
-        return messages
+            messages.append((message, [int(partition_id)]))
+        self._sent = messages
+        return [message for message, _ in messages]
 
     # ----- cohort mode (issue 12) ---------------------------------------------------------------------------
 
@@ -353,7 +356,7 @@ class FederatedStrategy(Strategy):
 
     def _cohort_messages_for(
         self, cohorts: list[list[int]], arrays: ArrayRecord, instructions: ConfigRecord, config: ConfigRecord
-    ) -> list[Message]:
+    ) -> list[tuple[Message, list[int]]]:
         messages = []
         for position, cohort in enumerate(cohorts):
             client_config = ConfigRecord(
@@ -370,8 +373,7 @@ class FederatedStrategy(Strategy):
             message = Message(
                 content, dst_node_id=self.population.node_for(cohort[0], position), message_type=MessageType.TRAIN
             )
-            messages.append(message)
-            self._cohort_messages.append((message, cohort))
+            messages.append((message, cohort))
         return messages
 
     def aggregate_train(
@@ -393,11 +395,26 @@ class FederatedStrategy(Strategy):
 
     # ----- the aggregation of steps 5-6 -------------------------------------------------------------------------
 
-    def screen_reply(self, reply: Message) -> tuple[str, Any]:
-        """Classify one reply as ("ok", (partition_id, update, metrics)) or (rejection kind, reason).
+    def bind_reply(self, reply: Message) -> list[int] | None:
+        """The partitions of the message ``reply`` answers, or None if it answers none of this round's messages
+        (a stale reply to an earlier round, a foreign or forged id), comes from another node than the message
+        went to, or answers a message that was already answered. Binding marks the message answered."""
+        reply_to = reply.metadata.reply_to_message_id
+        for message, ids in self._sent:
+            if message.metadata.message_id != reply_to:
+                continue
+            if reply.metadata.src_node_id != message.metadata.dst_node_id or not set(ids) <= self._awaiting:
+                return None
+            self._awaiting -= set(ids)
+            return ids
+        return None
 
-        Nothing a client sends is trusted: an error, a missing or malformed field, a partition that was not
-        sampled this round (or answers twice), wrong shapes or dtypes, or NaN/Inf anywhere rejects the reply.
+    def screen_reply(self, reply: Message, partition_id: int) -> tuple[str, Any]:
+        """Classify the reply for ``partition_id`` (the partition its message carried, :meth:`bind_reply`) as
+        ("ok", (partition_id, update, metrics)) or (rejection kind, reason).
+
+        Nothing a client sends is trusted: an error, a missing or malformed field, a partition id other than the
+        one its message carried, wrong shapes or dtypes, NaN/Inf anywhere, or a norm that overflows rejects it.
         """
         if reply.has_error():
             return "failed", reply.error.reason[:300]
@@ -406,18 +423,14 @@ class FederatedStrategy(Strategy):
             sent = reply.content["metrics"]
             metrics = {k: float(sent[k]) for k in REQUIRED_CLIENT_METRICS}
             metrics.update({k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent})
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             return "malformed", f"missing or non-numeric field ({exc!r})"
-        partition_id = int(metrics["partition_id"])
-        if metrics["partition_id"] != partition_id or partition_id not in self._awaiting:
-            return "malformed", f"partition {metrics['partition_id']} was not sampled or already answered"
-        if not mech.has_shapes(update, self._shapes) or not all(np.issubdtype(u.dtype, np.floating) for u in update):
-            return "shape", f"client {partition_id} sent wrong shapes or dtypes"
-        if not mech.is_finite_update(update):
-            return "nonfinite", f"client {partition_id} sent NaN/Inf"
+        if metrics["partition_id"] != partition_id:  # NaN, ±Inf, fractions and other partitions all differ
+            return "malformed", f"reply claims partition {metrics['partition_id']}, its message carried another"
+        if (kind := mech.screen_update(update, self._shapes)) is not None:
+            return kind, f"the update has {kind} values"
         if not (math.isfinite(metrics["pre_clip_norm"]) and metrics["pre_clip_norm"] >= 0):
             return "malformed", f"pre_clip_norm={metrics['pre_clip_norm']}"
-        self._awaiting.discard(partition_id)
         return "ok", (partition_id, update, metrics)
 
     def screen_cohort_reply(self, reply: Message, ids: list[int]) -> tuple[str, Any]:
@@ -437,7 +450,7 @@ class FederatedStrategy(Strategy):
             rejected = {key: [float(v) for v in sent[key]] for key in COHORT_REJECTIONS}
             worker_reclipped = float(sent["reclipped"])
             stamps = {k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent}
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             return "malformed", f"cohort reply: missing or non-numeric field ({exc!r})"
         claimed = accepted_ids + [pid for ids_ in rejected.values() for pid in ids_]
         aligned = all(len(v) == len(accepted_ids) for v in stats.values())
@@ -456,13 +469,6 @@ class FederatedStrategy(Strategy):
         rejections = {COHORT_REJECTIONS[key]: [int(v) for v in value] for key, value in rejected.items()}
         return "ok", (total, clients, rejections, int(worker_reclipped))
 
-    def _cohort_of(self, reply: Message) -> list[int] | None:
-        reply_to = reply.metadata.reply_to_message_id
-        for message, ids in self._cohort_messages:
-            if message.metadata.message_id == reply_to and set(ids) <= self._awaiting:
-                return ids
-        return None
-
     def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
         p = self.config.privacy
         counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
@@ -471,15 +477,14 @@ class FederatedStrategy(Strategy):
         contributions: list[tuple[int, list[np.ndarray], int]] = []
         clients: list[tuple[int, dict[str, float]]] = []
         for reply in replies:
-            if self._cohort_messages:
-                ids = self._cohort_of(reply)
-                if ids is None:
-                    received += 1
-                    counts["malformed"] += 1
-                    log(WARNING, "Round %d: reply rejected (malformed): not a reply to an open cohort", server_round)
-                    continue
-                received += len(ids)
-                self._awaiting -= set(ids)
+            ids = self.bind_reply(reply)
+            if ids is None:
+                counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
+                log(WARNING, "Round %d: reply rejected (malformed): not the first answer to a message of this "
+                    "round from the node it went to", server_round)  # fmt: skip
+                continue
+            received += len(ids)
+            if self._cohort_mode:
                 kind, payload = self.screen_cohort_reply(reply, ids)
                 if kind != "ok":
                     counts[kind] += len(ids)
@@ -500,8 +505,7 @@ class FederatedStrategy(Strategy):
                 contributions.append((accepted[0][0], total, len(accepted)))
                 clients.extend(accepted)
                 continue
-            received += 1
-            kind, payload = self.screen_reply(reply)
+            kind, payload = self.screen_reply(reply, ids[0])
             if kind != "ok":
                 counts[kind] += 1
                 log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, payload)

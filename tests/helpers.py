@@ -58,23 +58,36 @@ def prime(
 
     ``_global`` the global model of the round, ``_shapes`` its tensor shapes (replies are checked against them),
     ``_sampled`` the number of train messages sent (replies that never arrive are counted as failed),
-    ``_awaiting`` the partitions whose reply is expected (any other, or a second one, is rejected) and, with
+    ``_awaiting`` the partitions whose reply is expected, ``_sent`` one train message per partition (with the id
+    a grid would assign: :func:`reply` answers it; any other, or a second answer, is rejected) and, with
     ``server_round``, the round's shared mask.
     """
     strategy._global = [np.array(w, copy=True) for w in global_weights]
     strategy._shapes = [tuple(w.shape) for w in global_weights]
     strategy._sampled = sampled
     strategy._awaiting = set(partitions)
+    strategy._sent = [(train_message(pid), [pid]) for pid in partitions]
+    strategy._cohort_mode = False
     if server_round is not None:
         strategy._round_mask = strategy.round_mask(server_round)
 
 
+def push(messages: list[Message], prefix: str = "p") -> list[Message]:
+    """Give ``messages`` the ids a grid assigns when it sends them (replies are bound to those ids)."""
+    for i, message in enumerate(messages):
+        message.metadata.__dict__["_message_id"] = f"{prefix}{i}"
+    return messages
+
+
 def train_message(partition_id: int) -> Message:
-    return Message(
+    """The train message of ``partition_id`` as a grid has sent it: to node 1, with message id ``m<partition>``."""
+    message = Message(
         RecordDict({"config": ConfigRecord({"partition_id": partition_id})}),
         dst_node_id=1,
         message_type=MessageType.TRAIN,
     )
+    message.metadata.__dict__["_message_id"] = f"m{partition_id}"  # what Flower's grids do on push
+    return message
 
 
 def reply(
@@ -94,6 +107,24 @@ def reply(
     return Message(content, reply_to=train_message(partition_id) if to is None else to)
 
 
+def cohort_reply(to: Message, partition_ids: list[int], total: list[np.ndarray]) -> Message:
+    """A cohort reply (clients/cohort.py's format) in which every client was accepted with a zero norm."""
+    k = len(partition_ids)
+    metrics = {
+        "cohort_ids": partition_ids,
+        "pre_clip_norm": [0.0] * k,
+        "train_loss": [0.1] * k,
+        "train_accuracy": [0.5] * k,
+        "num_steps": [1.0] * k,
+        "failed_ids": [],
+        "nonfinite_ids": [],
+        "shape_ids": [],
+        "reclipped": 0,
+        "num_examples": 10 * k,
+    }
+    return Message(RecordDict({"arrays": ArrayRecord(total), "metrics": MetricRecord(metrics)}), reply_to=to)
+
+
 def error_reply(partition_id: int) -> Message:
     return Message(Error(code=1, reason="boom"), reply_to=train_message(partition_id))
 
@@ -104,19 +135,30 @@ class FakeGrid:
     def __init__(self, mode: str = "zeros") -> None:
         self.mode = mode
         self.sent: list[list[int]] = []  # partition ids sent per round
+        self._pushes = 0
 
     def get_node_ids(self) -> list[int]:
         return [1, 2]
 
     def send_and_receive(self, messages, timeout=None):
         messages = list(messages)
-        self.sent.append([int(m.content["config"]["partition_id"]) for m in messages])
+        round_ids: list[int] = []
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"r{self._pushes}-{i}"  # what Flower's grids do on push
+        self._pushes += 1
         replies = []
         for msg in messages:
+            shapes = [w.shape for w in msg.content["arrays"].to_numpy_ndarrays()]
+            if "partition_ids" in msg.content["config"]:  # a cohort (simulation grids): its clients' zero sum
+                ids = [int(p) for p in msg.content["config"]["partition_ids"]]
+                round_ids.extend(ids)
+                replies.append(cohort_reply(msg, ids, zeros(shapes)))
+                continue
             pid = int(msg.content["config"]["partition_id"])
+            round_ids.append(pid)
             if self.mode == "errors":
                 replies.append(Message(Error(code=1, reason="boom"), reply_to=msg))
                 continue
-            shapes = [w.shape for w in msg.content["arrays"].to_numpy_ndarrays()]
             replies.append(reply(pid, zeros(shapes), pre_clip_norm=0.0, to=msg))
+        self.sent.append(sorted(round_ids))
         return replies

@@ -271,10 +271,13 @@ def screen_update(
     update: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
 ) -> Literal["shape", "nonfinite"] | None:
     """Why an update from a client must be rejected before aggregation (SPEC §2), or None if it may be used:
-    ``shape`` (wrong tensor count, shapes or a non-floating dtype) or ``nonfinite`` (NaN/Inf anywhere)."""
+    ``shape`` (wrong tensor count, shapes or a non-floating dtype) or ``nonfinite`` (NaN/Inf anywhere, or a global
+    norm that overflows)."""
     if not has_shapes(update, shapes) or not all(np.issubdtype(np.asarray(u).dtype, np.floating) for u in update):
         return "shape"
-    if not is_finite_update(update):
+    if not is_finite_update(update) or not math.isfinite(global_l2_norm(update)):
+        # Finite values can still overflow the norm (float64 coordinates of 1e200): such an update cannot be
+        # clipped, so it is rejected like a NaN.
         return "nonfinite"
     return None
 

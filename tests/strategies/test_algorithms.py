@@ -29,7 +29,7 @@ from strategies.base import FederatedStrategy
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
-from tests.helpers import FakeGrid, build, delta, flat, prime, random_update, reply, with_norm, zeros
+from tests.helpers import FakeGrid, build, delta, flat, prime, push, random_update, reply, with_norm, zeros
 
 SHAPES = [(1000,), (20, 30), (7,)]
 P = 0.4
@@ -68,7 +68,7 @@ def message_masks(messages: list[Message]) -> list[list[np.ndarray]]:
 def configure(strategy: FederatedStrategy, server_round: int, weights: list[np.ndarray]) -> list[Message]:
     grid = FakeGrid()
     strategy.population.connect(grid, timeout=1)
-    return list(strategy.configure_train(server_round, ArrayRecord(weights), ConfigRecord(), grid))
+    return push(list(strategy.configure_train(server_round, ArrayRecord(weights), ConfigRecord(), grid)))
 
 
 # ----- Fed-SMP-randk ------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, Re
 
 from fl_app.privacy import mechanisms as mech
 from strategies.population import balance_cohorts
-from tests.helpers import build, prime, reply, with_norm, zeros
+from tests.helpers import build, prime, push, reply, with_norm, zeros
 
 SHAPES = [(3, 4), (5,)]
 GLOBAL = zeros(SHAPES)
@@ -32,10 +32,10 @@ def _send(strategy, sampled: list[int]) -> list[Message]:
     """configure_train's cohort messages for ``sampled``, with message ids as a grid assigns them on push."""
     prime(strategy, GLOBAL, sampled=len(sampled), partitions=sampled)
     cohorts = strategy.plan_cohorts(sampled)
-    messages = strategy._cohort_messages_for(cohorts, ArrayRecord(GLOBAL), ConfigRecord({"seed": 0}), ConfigRecord())
-    for i, message in enumerate(messages):
-        message.metadata.__dict__["_message_id"] = f"m{i}"
-    return messages
+    instructions = ConfigRecord({"seed": 0})
+    strategy._sent = strategy._cohort_messages_for(cohorts, ArrayRecord(GLOBAL), instructions, ConfigRecord())
+    strategy._cohort_mode = True
+    return push([message for message, _ in strategy._sent])
 
 
 def _reply(to: Message, updates: dict[int, list[np.ndarray]], **rejected: list[int]) -> Message:
