@@ -22,7 +22,7 @@ from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
 from fl_app.models import build_model_for_dataset, get_weights, set_weights
-from fl_app.privacy.mechanisms import make_rng
+from fl_app.privacy.mechanisms import random_source
 
 
 class LocalTrainingDivergedError(RuntimeError):
@@ -54,7 +54,7 @@ def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.
         spec.partition,
         spec.num_clients,
         spec.alpha,
-        spec.seed,
+        spec.partition_seed,
         partition_id,
         num_samples=spec.max_train_samples or None,
     )
@@ -63,9 +63,10 @@ def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.
 
 
 def client_generator(ins: TrainInstructions, partition_id: int) -> torch.Generator:
-    """The client's mini-batch shuffle stream (seed, round, CLIENT_SHUFFLE, client), the same on every path."""
-    seed = int(make_rng(ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, partition_id).integers(2**62))
-    return torch.Generator().manual_seed(seed)
+    """The client's mini-batch shuffle stream (seed, round, CLIENT_SHUFFLE, client), the same on every path; a
+    seed of the client's own (OS CSPRNG) when the server sent none (secure randomness)."""
+    rng = random_source(ins.seed is None, ins.seed, ins.server_round, STREAM_CLIENT_SHUFFLE, partition_id)
+    return torch.Generator().manual_seed(int(rng.integers(2**62)))
 
 
 def train_one(

@@ -26,9 +26,8 @@ from fl_app.privacy import mechanisms as mech
 
 def noise_rng(instructions: TrainInstructions, partition_id: int) -> mech.NormalSource:
     """The client's noise source: the OS CSPRNG in deployment, a (seed, round, client) stream in simulation."""
-    if instructions.secure_noise:
-        return mech.secure_rng()
-    return mech.make_rng(instructions.seed, instructions.server_round, STREAM_CLIENT_NOISE, partition_id)
+    secure = instructions.secure_noise or instructions.seed is None
+    return mech.random_source(secure, instructions.seed, instructions.server_round, STREAM_CLIENT_NOISE, partition_id)
 
 
 def _pre_clip_mask(

@@ -18,6 +18,7 @@ from fl_app.config import AppConfig
 
 # Purposes of the random streams: simulation randomness is mech.make_rng(seed, round, purpose[, partition]),
 # so every draw is a pure function of (seed, round, client) and a resumed or re-run round draws the same values.
+# With secure randomness every one of these draws comes from the OS CSPRNG instead (mech.random_source).
 STREAM_SAMPLING = 0
 STREAM_SERVER_NOISE = 1
 STREAM_CLIENT_NOISE = 2
@@ -35,7 +36,9 @@ class DataSpec:
     partition: str
     alpha: float
     num_clients: int
-    seed: int
+    # The dataset's layout (which examples form partition i), not a seed of any draw of the mechanism: sampling,
+    # masks, noise and shuffles do not derive from it when randomness is secure.
+    partition_seed: int
     max_train_samples: int  # 0 = all
 
 
@@ -59,7 +62,9 @@ class RecipeSpec:
 @dataclass(frozen=True)
 class TrainInstructions:
     server_round: int
-    seed: int
+    # The seed of the simulation's random streams (client noise, mini-batch shuffles); None (not sent at all) when
+    # randomness is secure: then a client draws its shuffles and noise from the OS CSPRNG.
+    seed: int | None
     data: DataSpec
     model: str
     recipe: RecipeSpec
@@ -102,6 +107,7 @@ class TrainInstructions:
         }
         try:
             top = {f.name: config[f.name] for f in fields(cls) if f.name not in nested and f.name in config}
+            top.setdefault("seed", None)
             parts = {
                 name: target(**pick(target, f"{name}.")) if any(str(k).startswith(f"{name}.") for k in config) else None
                 for name, target in nested.items()
@@ -142,7 +148,8 @@ def make_train_instructions(
     d = config.dataset
     return TrainInstructions(
         server_round=server_round,
-        seed=config.seed,
+        # Secure randomness sends no seed: nothing a client receives re-derives who was sampled or any noise.
+        seed=None if secure_noise else config.seed,
         data=DataSpec(
             dataset=d.name,
             data_dir=d.data_dir or "",
@@ -150,7 +157,7 @@ def make_train_instructions(
             partition=d.partition,
             alpha=d.alpha,
             num_clients=d.num_clients,
-            seed=config.seed,
+            partition_seed=config.seed,
             max_train_samples=d.max_train_samples or 0,
         ),
         model=config.model.name,

@@ -18,7 +18,10 @@ Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg.
    never raises the sensitivity above C/m); server placement adds N(0, σ²C²/m²); client placement tops the
    noise up for the clients that did not contribute, so the aggregate noise is always N(0, σ²C²/m²).
    w ← w + η_g · average.
-7. **Account** — the accountant records the round (σ, q), whatever number of clients answered.
+7. **Account** — the noisy model is logged as released (``releases.jsonl``, fsync-ed: :mod:`fl_app.releases`)
+   before it can leave the server, and the accountant records the round (σ, q), whatever number of clients
+   answered. A resumed run accounts every release logged after its checkpoint (CSPRNG noise: re-run rounds are
+   new releases; seeded noise: they repeat the same release and are not counted again).
 8. **Evaluate and record** — global test loss/accuracy, ε, norm statistics, one JSON line.
 
 Non-private references (FedAvg, FedSAM) run the same skeleton with no clipping, no noise, no accountant and the
@@ -61,6 +64,7 @@ from fl_app.metrics import MetricsWriter
 from fl_app.models import build_model_for_dataset
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
+from fl_app.releases import Release, ReleaseLog
 from strategies.population import Population, balance_cohorts
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
@@ -139,6 +143,8 @@ class FederatedStrategy(Strategy):
         self._round_mask: list[np.ndarray] | None = None
         self._previous_global: list[np.ndarray] = []
         self.stop_reason: str | None = None
+        self._releases: ReleaseLog | None = None
+        self._releases_logged = 0
         # Resolved against the grid in start() when the config says "auto".
         self.secure_noise: bool = config.privacy.secure_noise is True
 
@@ -163,7 +169,14 @@ class FederatedStrategy(Strategy):
     def noise_source(self) -> str:
         if not self.private:
             return "none"
-        return "os-csprng" if self.secure_noise else "seeded-prng (simulation; reproducible)"
+        return self.randomness_source
+
+    @property
+    def randomness_source(self) -> str:
+        """Where sampling, masks and noise come from (``run.json``: ``noise_source``, ``sampling_source``)."""
+        if self.secure_noise:
+            return "os-csprng"
+        return "seeded-prng (simulation; reproducible; private only while the seed stays secret)"
 
     def dp_guarantee(self) -> dict[str, Any]:
         """The run's DP claim, as written into ``run.json``."""
@@ -187,6 +200,7 @@ class FederatedStrategy(Strategy):
             "rounds_accounted": self.accountant.steps,
             "placement": p.placement,
             "noise_source": self.noise_source,
+            "sampling_source": self.randomness_source,
         }
 
     def not_covered_reason(self) -> str | None:
@@ -207,6 +221,21 @@ class FederatedStrategy(Strategy):
     def account_round(self) -> None:
         if self.accountant is not None:
             self.accountant.step(self.noise_multiplier, self.config.privacy.sample_rate)
+
+    def release(self, server_round: int) -> Release:
+        """What this round's noisy model is, as a release (the write-ahead log's record)."""
+        return Release(
+            round=server_round,
+            noise_multiplier=float(self.noise_multiplier),
+            sample_rate=float(self.config.privacy.sample_rate),
+            randomness="os-csprng" if self.secure_noise else "seeded",
+        )
+
+    def account_release(self, release: Release) -> None:
+        """Count a release logged after the checkpoint this run resumed from (the accountant restored from it has
+        not seen it)."""
+        if self.accountant is not None:
+            self.accountant.step(release.noise_multiplier, release.sample_rate)
 
     def round_extras(self) -> dict[str, Any]:
         """Strategy-specific fields of the round record."""
@@ -230,17 +259,21 @@ class FederatedStrategy(Strategy):
 
     # ----- sampling (SPEC §1) ---------------------------------------------------------------------------------
 
+    def round_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
+        """The server's draws of a round (sampling, noise, masks): the CSPRNG when randomness is secure, else the
+        seeded stream (seed, round, purpose) (:func:`fl_app.privacy.mechanisms.random_source` decides)."""
+        return mech.random_source(self.secure_noise, self.config.seed, server_round, purpose)
+
     def sample_clients(self, server_round: int) -> np.ndarray:
-        rng = mech.make_rng(self.config.seed, server_round, STREAM_SAMPLING)
+        # Secret when randomness is secure: amplification by subsampling assumes nobody can tell who took part.
+        rng = self.round_rng(server_round, STREAM_SAMPLING)
         p = self.config.privacy
         if p.sampling == "fixed":
             return mech.fixed_size_sample(self.num_clients, int(self.expected_clients), rng)
         return mech.poisson_sample(self.num_clients, p.sample_rate, rng)
 
-    def _noise_rng(self, server_round: int) -> np.random.Generator:
-        if self.secure_noise:
-            return mech.secure_rng()
-        return mech.make_rng(self.config.seed, server_round, STREAM_SERVER_NOISE)
+    def _noise_rng(self, server_round: int) -> mech.RandomSource:
+        return self.round_rng(server_round, STREAM_SERVER_NOISE)
 
     # ----- Flower Strategy interface ----------------------------------------------------------------------------
 
@@ -618,8 +651,18 @@ class FederatedStrategy(Strategy):
         result = Result()
         arrays = initial_arrays
         first_round = 1
+        if checkpoint_dir is not None and self.private:
+            self._releases = ReleaseLog(checkpoint_dir)
+            self._releases_logged = self._releases.count()
         if resume_from is not None:
             self.load_state(resume_from.strategy_state, resume_from.strategy_arrays)
+            if self._releases is not None:
+                # Models released after the checkpoint was written: with CSPRNG noise each is a release of its own
+                # (the re-run rounds will release new ones); seeded noise re-releases exactly the same models.
+                seen = int(resume_from.strategy_state.get("releases_logged", 0))
+                for release in self._releases.since(seen):
+                    if release.randomness == "os-csprng":
+                        self.account_release(release)
             arrays = ArrayRecord(resume_from.weights)
             result.arrays = arrays
             first_round = resume_from.round + 1
@@ -647,6 +690,10 @@ class FederatedStrategy(Strategy):
             t_replies = time.perf_counter()
             outcome = self.aggregate(server_round, replies)
             t_aggregated = time.perf_counter()
+            if self._releases is not None:
+                # Write-ahead: durable before the noisy model can leave the server (next broadcast, checkpoint).
+                self._releases.append(self.release(server_round))
+                self._releases_logged += 1
             arrays = ArrayRecord(outcome.new_weights)
             result.arrays = arrays
             self.account_round()
@@ -686,7 +733,8 @@ class FederatedStrategy(Strategy):
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
         """What a resumed run needs beyond the global model: the accountant and the previous global model."""
         accountant = self.accountant.state_dict() if self.accountant is not None else None
-        return {"accountant": accountant}, {"previous_global": list(self._global)}
+        state = {"accountant": accountant, "releases_logged": self._releases_logged}
+        return state, {"previous_global": list(self._global)}
 
     def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
         if self.accountant is not None:

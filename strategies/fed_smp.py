@@ -29,7 +29,7 @@ class FedSMPRandK(FederatedStrategy):
         return RecipeSpec(kind="shared_mask", sparsity=s.sparsity, rescale=s.rescale)
 
     def round_mask(self, server_round: int) -> list[np.ndarray] | None:
-        rng = mech.make_rng(self.config.seed, server_round, STREAM_ROUND_MASK)
+        rng = self.round_rng(server_round, STREAM_ROUND_MASK)
         return mech.randk_mask(self._shapes, self.config.strategy.sparsity, rng)
 
 
@@ -51,7 +51,7 @@ class FedSMPTopK(FederatedStrategy):
             return None
         p = self.config.strategy.sparsity
         if not self._previous_global:
-            return mech.randk_mask(self._shapes, p, mech.make_rng(self.config.seed, server_round, STREAM_ROUND_MASK))
+            return mech.randk_mask(self._shapes, p, self.round_rng(server_round, STREAM_ROUND_MASK))
         last_update = [w - v for w, v in zip(self._global, self._previous_global, strict=True)]
         return mech.topk_mask(last_update, p)
 

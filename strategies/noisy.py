@@ -19,6 +19,7 @@ from clients.training import NoisyLocalConfig
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
+from fl_app.releases import Release
 from strategies.base import FederatedStrategy
 
 
@@ -57,7 +58,7 @@ class NoisyFedAvg(FederatedStrategy):
 
     @property
     def noise_source(self) -> str:
-        return "os-csprng" if self.secure_noise else "seeded-prng (simulation; reproducible)"
+        return self.randomness_source
 
     def epsilon(self) -> float:
         return self.bound(self._rounds).epsilon if self._rounds else 0.0
@@ -67,6 +68,9 @@ class NoisyFedAvg(FederatedStrategy):
 
     def account_round(self) -> None:
         self._rounds += 1
+
+    def account_release(self, release: Release) -> None:
+        self._rounds += 1  # the GDP bound composes T rounds of the same mechanism
 
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
         state, arrays = super().state()
@@ -111,6 +115,7 @@ class NoisyFedAvg(FederatedStrategy):
             "smoothness_assumed": s.smoothness,
             "rounds_accounted": self._rounds,
             "noise_source": self.noise_source,
+            "sampling_source": self.randomness_source,
         }
 
     # --- client recipe and aggregation ------------------------------------------------------------------------

@@ -13,13 +13,15 @@ DP-FedSAM-topk), as pinned down by ``SPEC.md``:
   both keeping exactly k_l = ⌈p · d_l⌉ coordinates of layer l.
 
 An update is ``NDArrays`` (one array per model tensor, normally float32). Every random draw takes an explicit
-``np.random.Generator``; nothing here reads or reseeds global RNG state.
+random source; nothing here reads or reseeds global RNG state. Which source — a seeded stream of (seed, round,
+purpose[, client]) or the operating system's CSPRNG — is decided in one place, :func:`random_source`.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
@@ -46,6 +48,7 @@ __all__ = [
     "make_rng",
     "poisson_sample",
     "randk_mask",
+    "random_source",
     "screen_update",
     "secure_rng",
     "topk_mask",
@@ -212,11 +215,31 @@ class NormalSource(Protocol):
 
 
 class SecureRandom:
-    """Gaussian draws from the operating system's CSPRNG (``os.urandom``), for deployment (SPEC §2).
+    """Draws from the operating system's CSPRNG (``os.urandom``), for deployment (SPEC §2): the noise, and who
+    and what participates (client sampling, Fed-SMP masks), so nothing about them can be re-derived from a seed.
 
-    Uniforms are 53-bit fractions of urandom words in (0, 1]; normals come from the Box–Muller transform in
-    float64. Not reproducible by design: nothing about the noise can be re-derived from the seed.
+    Uniforms are 53-bit fractions of urandom words; normals come from the Box–Muller transform in float64;
+    ``choice`` without replacement takes the first ``size`` indices of a permutation sorted by 64-bit urandom keys
+    (a uniform random subset up to key ties, probability < n²/2⁶⁵). Not reproducible by design.
     """
+
+    def random(self, size: int) -> np.ndarray:
+        """``size`` uniforms in [0, 1) (``np.random.Generator.random``'s range)."""
+        words = np.frombuffer(os.urandom(8 * int(size)), dtype=np.uint64)
+        return (words >> np.uint64(11)).astype(np.float64) * (1.0 / 2.0**53)
+
+    def integers(self, high: int) -> int:
+        """One integer uniform in [0, high)."""
+        return secrets.randbelow(int(high))
+
+    def choice(self, a: int, size: int, replace: bool = True) -> np.ndarray:
+        """``size`` distinct indices of ``range(a)``, uniformly at random (only ``replace=False`` is offered)."""
+        if replace:
+            raise ValueError("SecureRandom.choice draws without replacement only (replace=False)")
+        if not 0 <= size <= a:
+            raise ValueError(f"cannot choose {size} of {a} without replacement")
+        keys = np.frombuffer(os.urandom(8 * int(a)), dtype=np.uint64)
+        return np.argsort(keys, kind="stable")[: int(size)].astype(np.int64)
 
     def _uniform(self, count: int) -> np.ndarray:
         words = np.frombuffer(os.urandom(8 * count), dtype=np.uint64)
@@ -234,6 +257,21 @@ class SecureRandom:
 def secure_rng() -> SecureRandom:
     """A noise source backed by the OS CSPRNG (``secure_noise: true``)."""
     return SecureRandom()
+
+
+#: A source of every draw this module makes: a seeded ``np.random.Generator`` or the OS CSPRNG.
+RandomSource = np.random.Generator | SecureRandom
+
+
+def random_source(secure: bool, seed: int | None, *keys: int) -> RandomSource:
+    """THE place that decides where a draw comes from: the OS CSPRNG when ``secure`` (deployment: noise, client
+    sampling, masks, clients' shuffles), else the seeded stream :func:`make_rng` of (seed, *keys) (simulation:
+    reproducible, and private only while the seed stays secret)."""
+    if secure:
+        return secure_rng()
+    if seed is None:
+        raise ValueError("a seeded random stream needs a seed (secure randomness sends none)")
+    return make_rng(seed, *keys)
 
 
 def make_rng(seed: int, *keys: int) -> np.random.Generator:
@@ -316,7 +354,7 @@ def uniform_average(
 # ------------------------------------------------------------------------------------------------------------
 
 
-def poisson_sample(population: int, sample_rate: float, rng: np.random.Generator) -> np.ndarray:
+def poisson_sample(population: int, sample_rate: float, rng: RandomSource) -> np.ndarray:
     """Sorted indices of clients that join: each of ``population`` independently with probability q (SPEC §1).
 
     This is the sampling that the Poisson-subsampled Gaussian accountants (Opacus RDP/PRV, dp_accounting
@@ -328,7 +366,7 @@ def poisson_sample(population: int, sample_rate: float, rng: np.random.Generator
     return np.flatnonzero(rng.random(population) < sample_rate).astype(np.int64)
 
 
-def fixed_size_sample(population: int, sample_size: int, rng: np.random.Generator) -> np.ndarray:
+def fixed_size_sample(population: int, sample_size: int, rng: RandomSource) -> np.ndarray:
     """Exactly ``sample_size`` distinct indices, uniformly without replacement, sorted (papers' Algorithm 1).
 
     Must be accounted with the sampling-without-replacement event (replace-one adjacency), never with the
@@ -451,7 +489,7 @@ def topk_mask(update: Sequence[np.ndarray], fraction: float) -> list[np.ndarray]
     return masks
 
 
-def randk_mask(shapes: Sequence[tuple[int, ...]], fraction: float, rng: np.random.Generator) -> list[np.ndarray]:
+def randk_mask(shapes: Sequence[tuple[int, ...]], fraction: float, rng: RandomSource) -> list[np.ndarray]:
     """Per-layer boolean masks keeping exactly k_l = ⌈p · d_l⌉ coordinates, uniformly without replacement.
 
     Data-independent (drawn from the server's round RNG in Fed-SMP-randk, SPEC_BASELINES.md), so the mask is
