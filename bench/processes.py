@@ -178,3 +178,61 @@ class PeakRSSMonitor:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+
+
+#: (process kind, substrings of the command line that identify it), first match wins. Ray retitles its worker
+#: processes ``ray::<actor or task>`` (``ray::IDLE`` while none is assigned), and its two per-node agents
+#: ``ray::DashboardAgent`` / ``ray::RuntimeEnvAgent``, so those must be matched before the workers.
+_PROCESS_KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gcs_server", ("gcs_server",)),
+    ("raylet", ("/raylet", "raylet ")),
+    ("dashboard", ("dashboard/dashboard.py",)),
+    ("dashboard_agent", ("ray::DashboardAgent", "dashboard/agent.py")),
+    ("runtime_env_agent", ("ray::RuntimeEnvAgent", "runtime_env/agent/main.py")),
+    ("log_monitor", ("log_monitor.py",)),
+    ("autoscaler_monitor", ("autoscaler/_private/monitor.py",)),
+    ("reaper", ("ray_process_reaper.py",)),
+    ("ray_client_server", ("ray.util.client.server",)),
+    ("workers", ("ray::", "default_worker.py")),
+)
+
+
+def process_kind(proc: psutil.Process, root_pid: int | None = None) -> str:
+    """What ``proc`` is in a simulation: ``driver`` (``root_pid``), one of Ray's daemons, ``workers`` or ``other``."""
+    if proc.pid == root_pid:
+        return "driver"
+    try:
+        cmdline = " ".join(proc.cmdline()) or proc.name()
+    except psutil.Error:
+        return "other"
+    for kind, needles in _PROCESS_KINDS:
+        if any(needle in cmdline for needle in needles):
+            return kind
+    return "other"
+
+
+def processes_by_kind(root_pid: int, marker: str | None = None) -> dict[str, list[psutil.Process]]:
+    """The processes :func:`tree_rss` sums (``root_pid``, its descendants, every process naming ``marker``),
+    grouped by :func:`process_kind`."""
+    procs: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(root_pid)
+        procs[root.pid] = root
+        procs.update({p.pid: p for p in root.children(recursive=True)})
+    if marker:
+        procs.update({p.pid: p for p in processes_mentioning(marker)})
+    grouped: dict[str, list[psutil.Process]] = {}
+    for proc in procs.values():
+        grouped.setdefault(process_kind(proc, root_pid), []).append(proc)
+    return grouped
+
+
+def rss_by_process_kind(root_pid: int, marker: str | None = None) -> dict[str, float]:
+    """Resident memory (MiB) summed per process kind (driver, gcs_server, raylet, dashboard_agent, workers, ...):
+    what each part of the engine costs. The values add up to :func:`tree_rss` (in MiB) of the same moment."""
+    grouped: dict[str, float] = {}
+    for kind, procs in processes_by_kind(root_pid, marker).items():
+        for proc in procs:
+            with contextlib.suppress(psutil.Error):
+                grouped[kind] = grouped.get(kind, 0.0) + proc.memory_info().rss / 2**20
+    return grouped

@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import hydra
 import torch
@@ -30,36 +32,134 @@ from fl_app.data.datasets import DatasetUnavailableError, load_dataset
 
 def simulation_nodes(config: AppConfig) -> int:
     """SuperNodes to simulate: M with population=nodes; otherwise one per concurrent worker (results do not
-    depend on it, see strategies.population)."""
+    depend on it, see strategies.population), so that cohort_size=auto gives every worker one cohort a round.
+
+    When joining a Ray cluster (``simulation.ray_address``) the driver must already be connected
+    (:func:`join_ray_cluster`): the count comes from the cluster's nodes, not from this machine.
+    """
     if config.population == "nodes":
         return config.dataset.num_clients
-    workers = max(1, int(_total_cpus(config) // max(config.simulation.client_cpus, 1e-9)))
-    return max(1, min(config.dataset.num_clients, workers))
+    return max(1, min(config.dataset.num_clients, concurrent_workers(config)))
+
+
+def concurrent_workers(config: AppConfig) -> int:
+    """ClientApps that can run at once: the size of the actor pool Flower's Ray backend will build.
+
+    Mirrors ``flwr.simulation.ray_transport.ray_actor.pool_size_from_resources``: per Ray node,
+    ``min(int(CPUs / client_cpus), int(GPUs / client_gpus))`` (the GPU term only when client_gpus > 0).
+    """
+    sim = config.simulation
+    if sim.ray_address is not None:
+        return _cluster_workers(sim.client_cpus, sim.client_gpus)
+    workers = int(_total_cpus(config) / sim.client_cpus)
+    if sim.client_gpus > 0:
+        # The local Ray detects the same CUDA devices torch sees (both honour CUDA_VISIBLE_DEVICES). With none,
+        # Flower's pool would be empty and the backend refuses to start; the CPU count is kept for that message.
+        gpus = torch.cuda.device_count()
+        if gpus > 0:
+            workers = min(workers, int(gpus / sim.client_gpus))
+    return max(1, workers)
+
+
+def _cluster_workers(client_cpus: float, client_gpus: float) -> int:
+    import ray
+    from flwr.simulation.ray_transport.ray_actor import pool_size_from_resources
+
+    if not ray.is_initialized():
+        raise RuntimeError("simulation.ray_address is set but this process has not joined the cluster yet")
+    # Flower's own function, so that the SuperNode count equals the actors it will create; it raises a
+    # ValueError naming the resources when the cluster cannot host a single client.
+    return pool_size_from_resources({"num_cpus": client_cpus, "num_gpus": client_gpus})
 
 
 def _total_cpus(config: AppConfig) -> int:
     return config.simulation.total_cpus or os.cpu_count() or 1
 
 
-def backend_config(config: AppConfig) -> dict:
+def backend_config(config: AppConfig) -> dict[str, Any]:
+    """Flower's Ray backend config: resources per ClientApp and the arguments of ``ray.init``."""
     sim = config.simulation
-    init_args: dict = {"logging_level": "ERROR", "log_to_driver": True}
-    if sim.total_cpus is not None:
+    init_args: dict[str, Any] = {
+        "logging_level": "ERROR",
+        "log_to_driver": True,
+        # Flower 1.41 defaults to False as well; pinned so that an upgrade cannot switch the dashboard UI on. The
+        # dashboard process itself, its agent, the runtime-env agent, the log monitor and the autoscaler monitor
+        # are started by every ray.init in Ray 2.55 whatever its arguments (README, Scale out); usage stats are
+        # already off (ray.init sets RAY_USAGE_STATS_ENABLED=0 for release wheels).
+        "include_dashboard": False,
+        # "local": a Ray of this run's own even when RAY_ADDRESS is set or a `ray start` cluster is running; a
+        # bare ray.init() would silently join either (and then refuse num_cpus).
+        "address": sim.ray_address or "local",
+    }
+    if sim.ray_address is None and sim.total_cpus is not None:
+        # Ray refuses num_cpus/num_gpus when joining a cluster: its resources are fixed by `ray start`.
         init_args["num_cpus"] = sim.total_cpus
     return {"client_resources": {"num_cpus": sim.client_cpus, "num_gpus": sim.client_gpus}, "init_args": init_args}
 
 
+def join_ray_cluster(config: AppConfig) -> None:
+    """Connect this process to the running Ray cluster at ``simulation.ray_address`` (before the simulation, so
+    :func:`simulation_nodes` can size the SuperNodes from the cluster; Flower's backend then reuses the
+    connection and disconnects at the end, which leaves the cluster running).
+
+    Same ``ray.init`` call as Flower's backend makes (it skips its own when Ray is initialised): its init_args
+    and a runtime_env that hands the driver's ``sys.path`` to the workers as PYTHONPATH. Workers on other
+    machines import the project from their own environment (README, Scale out: a Ray cluster).
+    """
+    import ray
+    from flwr.common.logger import log
+
+    init_args = backend_config(config)["init_args"]
+    pythonpath = os.pathsep.join(sys.path)
+    if os.environ.get("PYTHONPATH"):
+        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+    resources = ray.cluster_resources()
+    log(
+        logging.INFO,
+        "Joined the Ray cluster at %s (GCS %s): %d node(s), %g CPU, %g GPU",
+        config.simulation.ray_address,
+        ray.get_runtime_context().gcs_address,
+        len([n for n in ray.nodes() if n.get("Alive")]),
+        resources.get("CPU", 0),
+        resources.get("GPU", 0),
+    )
+
+
 def preflight(config: AppConfig) -> None:
     """Checks that must fail before Ray starts: noise calibration and the accountant are set up (an unreachable
-    target epsilon raises ValueError), and missing data raises DatasetUnavailableError with the how-to message."""
+    target epsilon raises ValueError), missing data raises DatasetUnavailableError with the how-to message, and a
+    Ray cluster to join that does not answer raises ConnectionError."""
     from fl_app.server_app import build_strategy
 
     build_strategy(config)
     load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
+    if config.simulation.ray_address is not None:
+        check_ray_address(config.simulation.ray_address)
+
+
+def check_ray_address(address: str, timeout: float = 5.0) -> None:
+    """Raise ConnectionError unless something listens at the cluster's GCS address: ray.init keeps retrying a
+    wrong one for minutes (a typo would hang a sweep job). ``auto`` is checked only through RAY_ADDRESS; without
+    it Ray itself fails at once when it finds no cluster."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")
+        if address in ("", "auto"):
+            return
+    host_port = address.split("://", 1)[-1]
+    host, sep, port = host_port.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"simulation.ray_address={address!r}: expected 'auto' or host:port")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConnectionError(f"no Ray cluster answers at {host_port} (simulation.ray_address): {exc}") from exc
 
 
 def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> None:
     """Run one simulation of ``config`` (validated, and :func:`preflight`-checked) writing into ``output_dir``."""
+    import ray
     from flwr.simulation import run_simulation
 
     from fl_app.client_app import app as client_app
@@ -69,13 +169,22 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     torch.set_num_threads(_total_cpus(config))
     # Hydra's root handler would print every Flower log line a second time.
     logging.getLogger("flwr").propagate = False
-    # Flower logs a deprecation warning for run_simulation here; see the module docstring and README.
-    run_simulation(
-        server_app=make_server_app(config, output_dir, progress=progress),
-        client_app=client_app,
-        num_supernodes=simulation_nodes(config),
-        backend_config=backend_config(config),
-    )
+    try:
+        if config.simulation.ray_address is not None:
+            join_ray_cluster(config)
+        num_nodes = simulation_nodes(config)
+        # Flower logs a deprecation warning for run_simulation here; see the module docstring and README.
+        run_simulation(
+            server_app=make_server_app(config, output_dir, progress=progress),
+            client_app=client_app,
+            num_supernodes=num_nodes,
+            backend_config=backend_config(config),
+        )
+    finally:
+        # Flower's backend disconnects when it ends; this covers a failure before it started (a joined cluster
+        # keeps running either way, this run's actors die with its driver).
+        if ray.is_initialized():
+            ray.shutdown()
     if not (output_dir / "final_model.npz").exists():
         raise RuntimeError(f"the simulation did not complete; see the log above and {output_dir}/run.json")
 
@@ -85,7 +194,7 @@ def main(cfg: DictConfig) -> float:
     try:
         config = resolve_resume(load_app_config(cfg))
         preflight(config)
-    except (ConfigError, DatasetUnavailableError, FileNotFoundError, ValueError) as exc:
+    except (ConfigError, ConnectionError, DatasetUnavailableError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
