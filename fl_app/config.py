@@ -98,6 +98,11 @@ class PrivacyConfig:
     max_epsilon: float | None
     target_epsilon: float | None
     secure_noise: bool | Literal["auto"]
+    #: What metrics.jsonl, logs and run.json say about clients: raw | noisy | none | auto (raw in simulation,
+    #: none against a real SuperLink). See docs/PRIVACY.md.
+    client_statistics: Literal["auto", "raw", "noisy", "none"] = "auto"
+    #: sigma_s of the noisy statistics (Gaussian on the clipped count, sensitivity 1); None = m / 20.
+    statistics_noise_multiplier: float | None = None
 
 
 @dataclass(frozen=True)
@@ -375,7 +380,17 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         max_epsilon=None if max_eps is None else float(max_eps),
         target_epsilon=None if target is None else float(target),
         secure_noise=_secure_noise(section),
+        client_statistics=_choice(section, "client_statistics", p, ("auto", "raw", "noisy", "none")),  # type: ignore[arg-type]
+        statistics_noise_multiplier=_statistics_sigma(section),
     )
+
+
+def _statistics_sigma(section: Mapping[str, Any]) -> float | None:
+    value = section.get("statistics_noise_multiplier")
+    if value is None:
+        return None
+    _require(_finite(value) and float(value) > 0, "privacy.statistics_noise_multiplier", value, "null or > 0")
+    return float(value)
 
 
 def _validate_faults(section: Mapping[str, Any], num_clients: int) -> FaultInjectionConfig:

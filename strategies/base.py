@@ -56,6 +56,7 @@ from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
+    STREAM_STATISTICS,
     RecipeSpec,
     local_training_config,
     make_train_instructions,
@@ -71,6 +72,15 @@ from strategies.population import Population, balance_cohorts
 REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
 #: Optional wall-clock stamps a client may send (startup profiling, bench/); the round keeps the earliest.
 CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
+#: Round-record fields computed from individual clients' raw values (outside ε): published only with
+#: ``privacy.client_statistics=raw``.
+CLIENT_DERIVED = (
+    "train_loss",
+    "train_accuracy",
+    "client_norms",
+    *mech.CLIPPING_STATS_KEYS,
+    *(f"first_{key}" for key in CLIENT_TIMESTAMPS),
+)
 #: Per-client statistics a cohort reply carries as lists aligned with its ``cohort_ids`` (clients/cohort.py).
 COHORT_CLIENT_METRICS = ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps")
 #: The cohort reply's lists of rejected partitions, by the rejection counter they feed.
@@ -96,6 +106,8 @@ class FederatedStrategy(Strategy):
     local_optimizer: ClassVar[Literal["sgd", "sam"]] = "sgd"
     #: Accepted values of ``strategy.mask_source`` (first = default); empty for strategies without masks.
     mask_sources: ClassVar[tuple[str, ...]] = ()
+    #: Whether ``privacy.client_statistics=noisy`` can be accounted (needs the sampled-Gaussian accountant).
+    supports_noisy_statistics: ClassVar[bool] = True
 
     def __init__(self, config: AppConfig) -> None:
         self.config = config
@@ -107,6 +119,14 @@ class FederatedStrategy(Strategy):
             self.expected_clients = mech.expected_clients(self.num_clients, privacy.sample_rate)
         self.noise_multiplier = privacy.noise_multiplier
         self.accountant: PrivacyAccountant | None = None
+        # Resolved in start() when "auto" (raw in simulation, none against a real SuperLink).
+        self.client_statistics: str = privacy.client_statistics
+        self.statistics_noise_multiplier = privacy.statistics_noise_multiplier or self.expected_clients / 20
+        if privacy.client_statistics == "noisy" and not (self.private and self.supports_noisy_statistics):
+            raise ConfigError(
+                "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
+                f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
+            )
         if self.private:
             self.accountant = PrivacyAccountant(privacy.accountant, privacy.sampling, self.num_clients)
             if privacy.target_epsilon is not None:
@@ -119,6 +139,14 @@ class FederatedStrategy(Strategy):
                     sampling=privacy.sampling,
                     population=self.num_clients,
                 )
+                if privacy.client_statistics == "noisy":
+                    # The calibrated multiplier is the joint one; the update gets what the statistics leave.
+                    try:
+                        self.noise_multiplier = mech.update_noise_for_joint(
+                            self.noise_multiplier, self.statistics_noise_multiplier
+                        )
+                    except ValueError as exc:
+                        raise ConfigError(f"invalid config value privacy.statistics_noise_multiplier: {exc}") from exc
                 log(
                     INFO,
                     "Calibrated noise multiplier sigma=%.4f for target epsilon=%.3f (delta=%.3g, q=%.4g, T=%d, %s)",
@@ -181,7 +209,7 @@ class FederatedStrategy(Strategy):
     def dp_guarantee(self) -> dict[str, Any]:
         """The run's DP claim, as written into ``run.json``."""
         if not self.private:
-            return {"dp_guarantee": "none: non-private reference"}
+            return {"dp_guarantee": "none: non-private reference", "client_statistics": self.client_statistics_claim()}
         p = self.config.privacy
         assert self.accountant is not None
         reason = self.not_covered_reason()
@@ -194,6 +222,8 @@ class FederatedStrategy(Strategy):
             "epsilon": self.epsilon(),
             "delta": p.delta,
             "noise_multiplier": self.noise_multiplier,
+            "accounted_noise_multiplier": self.accounted_noise_multiplier,
+            "client_statistics": self.client_statistics_claim(),
             "clip_norm": p.clip_norm,
             "sample_rate": p.sample_rate,
             "expected_clients": self.expected_clients,
@@ -207,6 +237,33 @@ class FederatedStrategy(Strategy):
         """Why the accountant's ε does not cover this configuration (None = it does)."""
         return None
 
+    def client_statistics_claim(self) -> str:
+        """What the published files say about clients, and whether ε covers it (``run.json``)."""
+        mode = self.client_statistics
+        if mode == "raw":
+            return ("raw: per-client pre-clip norms, their statistics and mean local train loss/accuracy are "
+                    "published unprotected; epsilon does not cover them")  # fmt: skip
+        if mode == "noisy":
+            sigma_s = self.statistics_noise_multiplier
+            return (f"noisy: only the clipped fraction, through a Gaussian mechanism (sigma_s = {sigma_s:.4g} on the "
+                    "count), accounted jointly with the update")  # fmt: skip
+        if mode == "none":
+            return "none: no client-derived value is published (counts of sampled and rejected clients aside)"
+        return "auto: raw in simulation, none against a real SuperLink"
+
+    def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
+        """The round's statistics as ``client_statistics`` allows them to be published."""
+        if self.client_statistics == "raw":
+            return stats
+        public = {k: v for k, v in stats.items() if k not in CLIENT_DERIVED}
+        if self.client_statistics == "noisy":
+            clipped = sum(1 for norm in stats["client_norms"] if norm > self.config.privacy.clip_norm)
+            rng = self.round_rng(server_round, STREAM_STATISTICS)
+            noisy = mech.noisy_count(clipped, self.statistics_noise_multiplier, rng)
+            # The fixed denominator m, like the update average; the noisy value may leave [0, 1].
+            public["fraction_clipped_noisy"] = noisy / self.expected_clients
+        return public
+
     def epsilon(self) -> float:
         if self.accountant is None:
             return math.inf
@@ -216,17 +273,24 @@ class FederatedStrategy(Strategy):
         """ε after one more round (the budget guard's question)."""
         assert self.accountant is not None
         p = self.config.privacy
-        return self.accountant.epsilon_after(1, self.noise_multiplier, p.sample_rate, p.delta)
+        return self.accountant.epsilon_after(1, self.accounted_noise_multiplier, p.sample_rate, p.delta)
+
+    @property
+    def accounted_noise_multiplier(self) -> float:
+        """The σ the accountant composes: the update's, or the joint one when noisy statistics are released too."""
+        if self.config.privacy.client_statistics != "noisy" or self.noise_multiplier == 0:
+            return self.noise_multiplier
+        return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics_noise_multiplier)
 
     def account_round(self) -> None:
         if self.accountant is not None:
-            self.accountant.step(self.noise_multiplier, self.config.privacy.sample_rate)
+            self.accountant.step(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
 
     def release(self, server_round: int) -> Release:
         """What this round's noisy model is, as a release (the write-ahead log's record)."""
         return Release(
             round=server_round,
-            noise_multiplier=float(self.noise_multiplier),
+            noise_multiplier=float(self.accounted_noise_multiplier),
             sample_rate=float(self.config.privacy.sample_rate),
             randomness="os-csprng" if self.secure_noise else "seeded",
         )
@@ -502,6 +566,12 @@ class FederatedStrategy(Strategy):
         rejections = {COHORT_REJECTIONS[key]: [int(v) for v in value] for key, value in rejected.items()}
         return "ok", (total, clients, rejections, int(worker_reclipped))
 
+    def _log_rejection(self, server_round: int, kind: str, reason: str) -> None:
+        # A reason can name a partition (an error text a client wrote, a claimed id): logs are published, and who
+        # took part is secret unless the run publishes raw client statistics anyway.
+        detail = f": {reason}" if self.client_statistics == "raw" else ""
+        log(WARNING, "Round %d: reply rejected (%s)%s", server_round, kind, detail)
+
     def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
         p = self.config.privacy
         counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
@@ -521,7 +591,7 @@ class FederatedStrategy(Strategy):
                 kind, payload = self.screen_cohort_reply(reply, ids)
                 if kind != "ok":
                     counts[kind] += len(ids)
-                    log(WARNING, "Round %d: cohort reply rejected (%s): %s", server_round, kind, payload)
+                    self._log_rejection(server_round, kind, payload)
                     continue
                 total, accepted, rejections, worker_reclipped = payload
                 for rejection, pids in rejections.items():
@@ -541,7 +611,7 @@ class FederatedStrategy(Strategy):
             kind, payload = self.screen_reply(reply, ids[0])
             if kind != "ok":
                 counts[kind] += 1
-                log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, payload)
+                self._log_rejection(server_round, kind, payload)
                 continue
             partition_id, update, metrics = payload
             if self._round_mask is not None:
@@ -644,6 +714,8 @@ class FederatedStrategy(Strategy):
             # Simulation keeps reproducible seeded noise; a real deployment gets the CSPRNG.
             self.secure_noise = not is_simulation(grid)
         self._simulation = is_simulation(grid)
+        if self.client_statistics == "auto":
+            self.client_statistics = "raw" if self._simulation else "none"
         self.summary()
         self.population.connect(grid, timeout)
         train_config = ConfigRecord() if train_config is None else train_config
@@ -697,7 +769,8 @@ class FederatedStrategy(Strategy):
             arrays = ArrayRecord(outcome.new_weights)
             result.arrays = arrays
             self.account_round()
-            record: dict[str, Any] = {"round": server_round, **outcome.stats, **self.round_extras()}
+            published = self.published_statistics(server_round, outcome.stats)
+            record: dict[str, Any] = {"round": server_round, **published, **self.round_extras()}
             record["epsilon"] = self.epsilon() if self.private else None
             record["delta"] = p.delta if self.private else None
             record["noise_multiplier"] = self.noise_multiplier if self.private else None

@@ -26,6 +26,7 @@ from strategies.base import FederatedStrategy
 class NoisyFedAvg(FederatedStrategy):
     private = True
     local_optimizer = "sgd"
+    supports_noisy_statistics = False  # the GDP bound of seed 004 has no room for another release
     algorithm: ClassVar[str] = "noisy_fedavg"
 
     def __init__(self, config: Any) -> None:
@@ -116,6 +117,7 @@ class NoisyFedAvg(FederatedStrategy):
             "rounds_accounted": self._rounds,
             "noise_source": self.noise_source,
             "sampling_source": self.randomness_source,
+            "client_statistics": self.client_statistics_claim(),
         }
 
     # --- client recipe and aggregation ------------------------------------------------------------------------

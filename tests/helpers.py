@@ -38,11 +38,14 @@ def delta(new: list[np.ndarray], old: list[np.ndarray]) -> list[np.ndarray]:
 def build(*overrides: str) -> FederatedStrategy:
     """Compose conf/ with ``overrides`` and instantiate the configured strategy class.
 
-    The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG; the
-    tests pin the seeded streams unless they set ``privacy.secure_noise`` themselves.
+    The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG and
+    ``client_statistics=auto`` would publish none; the tests pin the seeded streams and raw statistics unless they
+    set ``privacy.secure_noise`` / ``privacy.client_statistics`` themselves.
     """
     if not any(o.startswith("privacy.secure_noise=") for o in overrides):
         overrides = (*overrides, "privacy.secure_noise=false")
+    if not any(o.startswith("privacy.client_statistics=") for o in overrides):
+        overrides = (*overrides, "privacy.client_statistics=raw")
     config = compose_config(list(overrides))
     return get_class(config.strategy.target)(config)
 

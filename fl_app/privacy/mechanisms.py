@@ -44,8 +44,10 @@ __all__ = [
     "global_l2_norm",
     "has_shapes",
     "is_finite_update",
+    "joint_noise_multiplier",
     "kept_count",
     "make_rng",
+    "noisy_count",
     "poisson_sample",
     "randk_mask",
     "random_source",
@@ -54,6 +56,7 @@ __all__ = [
     "topk_mask",
     "uniform_average",
     "uniform_sum",
+    "update_noise_for_joint",
 ]
 
 # How many times clip_update may shrink its factor by one ulp-sized step before giving up; a single step
@@ -191,6 +194,34 @@ def add_gaussian_noise(update: Sequence[np.ndarray], std: float, rng: NormalSour
     return [
         (tensor.astype(np.float64) + rng.normal(0.0, std, size=tensor.shape)).astype(tensor.dtype) for tensor in arrays
     ]
+
+
+def joint_noise_multiplier(noise_multiplier: float, statistics_noise_multiplier: float) -> float:
+    """σ_joint = (σ⁻² + σ_s⁻²)^(−1/2): the noise multiplier of a round that releases the noised update sum
+    (sensitivity C, noise σC) *and* a noised count (sensitivity 1, noise σ_s) of the same sampled clients.
+
+    Scaling each part by its noise std, one client moves the pair by at most √(σ⁻² + σ_s⁻²) against unit noise:
+    one Gaussian mechanism, subsampled once, with this multiplier (Andrew et al., NeurIPS 2021, Thm. 1).
+    """
+    if not (noise_multiplier > 0 and statistics_noise_multiplier > 0):
+        raise ValueError("both noise multipliers must be > 0 for a joint release")
+    return (noise_multiplier**-2 + statistics_noise_multiplier**-2) ** -0.5
+
+
+def update_noise_for_joint(joint_noise_multiplier: float, statistics_noise_multiplier: float) -> float:
+    """The update's σ such that :func:`joint_noise_multiplier` (σ, σ_s) equals ``joint_noise_multiplier``."""
+    remainder = joint_noise_multiplier**-2 - statistics_noise_multiplier**-2
+    if remainder <= 0:
+        raise ValueError(
+            f"sigma_s={statistics_noise_multiplier:.4g} is too small: the noisy statistics alone would spend more "
+            f"than a joint noise multiplier of {joint_noise_multiplier:.4g} allows"
+        )
+    return remainder**-0.5
+
+
+def noisy_count(count: float, std: float, rng: NormalSource) -> float:
+    """count + N(0, std²): a count of clients (sensitivity 1) released through the Gaussian mechanism."""
+    return float(count) + float(rng.normal(0.0, std, (1,))[0])
 
 
 def client_noise_topup_std(
