@@ -393,7 +393,7 @@ class FederatedStrategy(Strategy):
         cohorts = self.plan_cohorts([int(pid) for pid in sampled.tolist()])
         self._cohort_mode = cohorts is not None
         if cohorts is not None:
-            self._sent = self._cohort_messages_for(cohorts, arrays, instructions, config)
+            self._sent = self._cohort_messages_for(cohorts, arrays, instructions, config, server_round)
             return [message for message, _ in self._sent]
         messages: list[tuple[Message, list[int]]] = []
         for position, partition_id in enumerate(sampled.tolist()):
@@ -412,6 +412,7 @@ class FederatedStrategy(Strategy):
                 content,
                 dst_node_id=self.population.node_for(int(partition_id), position),
                 message_type=MessageType.TRAIN,
+                group_id=str(server_round),  # as Flower's strategies do: nodes log "[RUN r, ROUND t]"
             )
             messages.append((message, [int(partition_id)]))
         self._sent = messages
@@ -452,7 +453,12 @@ class FederatedStrategy(Strategy):
         return balance_cohorts(sampled, [self.local_steps(pid) for pid in sampled], count)
 
     def _cohort_messages_for(
-        self, cohorts: list[list[int]], arrays: ArrayRecord, instructions: ConfigRecord, config: ConfigRecord
+        self,
+        cohorts: list[list[int]],
+        arrays: ArrayRecord,
+        instructions: ConfigRecord,
+        config: ConfigRecord,
+        server_round: int = 0,
     ) -> list[tuple[Message, list[int]]]:
         messages = []
         for position, cohort in enumerate(cohorts):
@@ -468,7 +474,10 @@ class FederatedStrategy(Strategy):
             if self._round_mask is not None:
                 content["mask"] = ArrayRecord([m.astype(np.uint8) for m in self._round_mask])
             message = Message(
-                content, dst_node_id=self.population.node_for(cohort[0], position), message_type=MessageType.TRAIN
+                content,
+                dst_node_id=self.population.node_for(cohort[0], position),
+                message_type=MessageType.TRAIN,
+                group_id=str(server_round),
             )
             messages.append((message, cohort))
         return messages

@@ -1,0 +1,82 @@
+"""Issue 11 against a real deployment on 127.0.0.1 (`flower-superlink` + one `flower-supernode` per client,
+`population=nodes`): who takes part is secret, and the published files hold no client-derived value by default.
+
+Two `flwr run`s with the same config and seed against the same SuperLink: each SuperNode's log says in which rounds
+it received a train message ("[RUN r, ROUND t]" then "Received: train message"), which is the sampling that ran.
+With secure randomness (the default against a real SuperLink) the two runs sample differently (equal with
+probability 2^-(nodes·rounds)); the accountant accounts Poisson sampling at rate q for every round; and with
+``client_statistics`` at its default (none in deployment) neither metrics.jsonl, run.json nor the logs carry a
+per-client value.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fl_app.metrics import read_metrics
+from fl_app.privacy.accounting import compute_epsilon
+from strategies.base import CLIENT_DERIVED
+from tests.integration.deploy import deployment, flwr_run
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+NODES, ROUNDS, Q, SIGMA = 4, 5, 0.5, 0.1
+
+
+def _run_config(out: Path) -> str:
+    hydra = (
+        f"dataset.num_clients={NODES} dataset.max_train_samples=400 dataset.max_test_samples=200 "
+        f"privacy.sample_rate={Q} privacy.noise_multiplier={SIGMA} round_timeout=120"
+    )
+    return f"num_rounds={ROUNDS} eval_every={ROUNDS} population='nodes' output_dir='{out}' overrides='{hydra}'"
+
+
+def _participation(log: str) -> dict[str, set[int]]:
+    """run id -> the rounds in which this SuperNode received a train message."""
+    rounds: dict[str, set[int]] = {}
+    current: tuple[str, int] | None = None
+    for line in log.splitlines():
+        header = re.search(r"\[RUN (\d+), ROUND (\d+)\]", line)
+        if header:
+            current = (header.group(1), int(header.group(2)))
+        elif current and "Received: train message" in line:
+            rounds.setdefault(current[0], set()).add(current[1])
+    return rounds
+
+
+def test_sampling_is_secret_and_nothing_per_client_is_published(short_tmp: Path) -> None:
+    outs = [short_tmp / "run_a", short_tmp / "run_b"]
+    with deployment(short_tmp, NODES, tls=False) as dep:
+        procs = [flwr_run(dep.env, dep.connection, _run_config(out), timeout=400) for out in outs]
+        logs = {name: path.read_text(errors="replace") for name, path in dep.logs.items()}
+    for proc in procs:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + dep.tails()
+
+    # Which rounds each node trained in, per run: the sampling that actually ran.
+    per_node = [_participation(logs[f"supernode{i}"]) for i in range(NODES)]
+    run_ids = sorted({run for node in per_node for run in node})
+    assert len(run_ids) == 2, per_node
+    matrices = [[sorted(node.get(run, set())) for node in per_node] for run in run_ids]
+    assert matrices[0] != matrices[1], matrices  # the same config and seed, different samples
+
+    for out, matrix in zip(outs, matrices, strict=True):
+        records = read_metrics(out / "metrics.jsonl")
+        assert [r["round"] for r in records] == list(range(1, ROUNDS + 1))
+        for r in records:
+            # The server sent a message to exactly the nodes whose logs show one, and accounted Poisson(q).
+            assert r["sampled"] == sum(r["round"] in rounds for rounds in matrix), (r, matrix)
+            assert r["epsilon"] == pytest.approx(compute_epsilon(SIGMA, Q, r["round"], 1 / NODES), rel=1e-9)
+            assert not set(CLIENT_DERIVED) & set(r), r  # client_statistics: none, the deployment default
+        meta = json.loads((out / "run.json").read_text())
+        assert meta["sampling_source"] == meta["noise_source"] == "os-csprng"
+        assert meta["sampling_event"] == "poisson" and meta["rounds_accounted"] == ROUNDS
+        assert meta["client_statistics"].startswith("none")
+        assert not set(CLIENT_DERIVED) & set(meta) and "client_norms" not in json.dumps(meta)
+    for proc in procs:
+        assert "train acc - |" in proc.stdout + proc.stderr  # the progress line has no client-derived value
+    for text in [*(p.stdout + p.stderr for p in procs), *logs.values()]:
+        assert "pre_clip_norm" not in text and "client_norms" not in text
