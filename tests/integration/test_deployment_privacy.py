@@ -2,7 +2,7 @@
 `population=nodes`): who takes part is secret, and the published files hold no client-derived value by default.
 
 Two `flwr run`s with the same config and seed against the same SuperLink: each SuperNode's log says in which rounds
-it received a train message ("[RUN r, ROUND t]" then "Received: train message"), which is the sampling that ran.
+it received a train message ("[RUN r, ROUND t]" then "Receiving: train message"), which is the sampling that ran.
 With secure randomness (the default against a real SuperLink) the two runs sample differently (equal with
 probability 2^-(nodes·rounds)); the accountant accounts Poisson sampling at rate q for every round; and with
 ``client_statistics`` at its default (none in deployment) neither metrics.jsonl, run.json nor the logs carry a
@@ -24,12 +24,12 @@ from tests.integration.deploy import deployment, flwr_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-NODES, ROUNDS, Q, SIGMA = 4, 5, 0.5, 0.1
+NODES, ROUNDS, Q, SIGMA = 4, 4, 0.5, 0.1  # two runs sample alike with probability 2^-16
 
 
 def _run_config(out: Path) -> str:
     hydra = (
-        f"dataset.num_clients={NODES} dataset.max_train_samples=400 dataset.max_test_samples=200 "
+        f"dataset.num_clients={NODES} dataset.max_train_samples=200 dataset.max_test_samples=200 "
         f"privacy.sample_rate={Q} privacy.noise_multiplier={SIGMA} round_timeout=120"
     )
     return f"num_rounds={ROUNDS} eval_every={ROUNDS} population='nodes' output_dir='{out}' overrides='{hydra}'"
@@ -43,7 +43,7 @@ def _participation(log: str) -> dict[str, set[int]]:
         header = re.search(r"\[RUN (\d+), ROUND (\d+)\]", line)
         if header:
             current = (header.group(1), int(header.group(2)))
-        elif current and "Received: train message" in line:
+        elif current and "Receiving: train message" in line:
             rounds.setdefault(current[0], set()).add(current[1])
     return rounds
 
