@@ -35,17 +35,21 @@ def _run_config(out: Path) -> str:
     return f"num_rounds={ROUNDS} eval_every={ROUNDS} population='nodes' output_dir='{out}' overrides='{hydra}'"
 
 
-def _participation(log: str) -> dict[str, set[int]]:
-    """run id -> the rounds in which this SuperNode received a train message."""
+def _participation(log: str) -> tuple[list[str], dict[str, set[int]]]:
+    """The run ids in the order this SuperNode first heard of them (every run first queries every node for its
+    partition), and per run id the rounds in which it received a train message."""
+    order: list[str] = []
     rounds: dict[str, set[int]] = {}
     current: tuple[str, int] | None = None
     for line in log.splitlines():
-        header = re.search(r"\[RUN (\d+), ROUND (\d+)\]", line)
+        header = re.search(r"\[RUN (\d+)(?:, ROUND (\d+))?\]", line)
         if header:
-            current = (header.group(1), int(header.group(2)))
+            if header.group(1) not in order:
+                order.append(header.group(1))
+            current = (header.group(1), int(header.group(2))) if header.group(2) else None
         elif current and "Receiving: train message" in line:
             rounds.setdefault(current[0], set()).add(current[1])
-    return rounds
+    return order, rounds
 
 
 def test_sampling_is_secret_and_nothing_per_client_is_published(short_tmp: Path) -> None:
@@ -57,9 +61,10 @@ def test_sampling_is_secret_and_nothing_per_client_is_published(short_tmp: Path)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + dep.tails()
 
     # Which rounds each node trained in, per run: the sampling that actually ran.
-    per_node = [_participation(logs[f"supernode{i}"]) for i in range(NODES)]
-    run_ids = sorted({run for node in per_node for run in node})
-    assert len(run_ids) == 2, per_node
+    parsed = [_participation(logs[f"supernode{i}"]) for i in range(NODES)]
+    run_ids = parsed[0][0]  # in the order the runs were started (run_a, then run_b)
+    per_node = [rounds for _, rounds in parsed]
+    assert len(run_ids) == 2 and all(order == run_ids for order, _ in parsed), parsed
     matrices = [[sorted(node.get(run, set())) for node in per_node] for run in run_ids]
     assert matrices[0] != matrices[1], matrices  # the same config and seed, different samples
 
