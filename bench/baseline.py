@@ -15,13 +15,25 @@ the app is a real cross-check of the Flower plumbing, the sampling and the train
 :mod:`fl_app.privacy.mechanisms`: those are pure NumPy functions with no framework in them.
 
 Covers the dense, server-placement recipes: ``dp_fedavg``, ``dp_fedsam``, ``fedavg``, ``fedsam`` (for the
-non-private two the mean is over the updates, unclipped and noiseless).
+non-private two the mean is over the updates, unclipped and noiseless), with plain SAM or ASAM
+(``client.adaptive``).
+
+Threads: the loop runs torch on ``--threads`` threads and pins the native libraries' pools to match
+(:func:`fl_app.threads.limit_library_threads`: OpenMP to the torch thread count, NumPy's BLAS to 1). Without that,
+NumPy's multithreaded OpenBLAS — used by the float64 norm of every clip — leaves spinning threads that steal
+cores from torch, and the reference would be handicapped (1.6× slower on 2 cores). The app's processes pin the
+same way.
+
+The round's pieces (:func:`sampled_partitions`, :func:`client_data`, :func:`shuffle_generator`,
+:func:`local_train`, :func:`server_step`) are shared with bench/parallel.py and bench/batched.py, so the three
+references agree on sampling, data, shuffles, noise and the server step by construction.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,11 +45,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fl_app.config import AppConfig, compose_config
-from fl_app.data.datasets import load_dataset
+from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, STREAM_SAMPLING, STREAM_SERVER_NOISE
 from fl_app.models import build_model_for_dataset, get_weights, set_weights
 from fl_app.privacy import mechanisms as mech
+from fl_app.threads import library_thread_counts, limit_library_threads
 
 #: strategy name → (local optimizer, private)
 SUPPORTED = {"dp_fedavg": ("sgd", True), "dp_fedsam": ("sam", True), "fedavg": ("sgd", False), "fedsam": ("sam", False)}
@@ -50,7 +63,7 @@ class BaselineResult:
     clients_per_round: list[int] = field(default_factory=list)
 
 
-def _local_sgd_or_sam(
+def local_train(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
@@ -59,6 +72,7 @@ def _local_sgd_or_sam(
     use_sam: bool,
     generator: torch.Generator,
 ) -> None:
+    """E local epochs of SGD or SAM/ASAM on (x, y), in place on ``model`` (SPEC §3, written out here)."""
     c = config.client
     params = list(model.parameters())
     optimizer = torch.optim.SGD(
@@ -75,12 +89,19 @@ def _local_sgd_or_sam(
             F.cross_entropy(model(xb), yb).backward()
             if use_sam:
                 with torch.no_grad():
-                    norms = [torch.linalg.vector_norm(p.grad) for p in params]
+                    # ASAM (Kwon et al.): e = ρ·w²⊙g / ‖|w|⊙g‖; SAM: e = ρ·g / ‖g‖ (global norms).
+                    if c.adaptive:
+                        norms = [torch.linalg.vector_norm(p.abs() * p.grad) for p in params]
+                    else:
+                        norms = [torch.linalg.vector_norm(p.grad) for p in params]
                     grad_norm = torch.linalg.vector_norm(torch.stack(norms))
                     scale = c.rho / (grad_norm + 1e-12)
                     unperturbed = [p.detach().clone() for p in params]
                     for p in params:
-                        p.add_(p.grad * scale)
+                        if c.adaptive:
+                            p.add_((p.grad * scale).mul_(p.square()))
+                        else:
+                            p.add_(p.grad * scale)
                 optimizer.zero_grad(set_to_none=True)
                 F.cross_entropy(model(xb), yb).backward()
                 with torch.no_grad():
@@ -89,62 +110,111 @@ def _local_sgd_or_sam(
             optimizer.step()
 
 
-def run_baseline(
-    config: AppConfig,
-    num_rounds: int | None = None,
-    device: str = "cpu",
-) -> BaselineResult:
-    """Train ``config`` for ``num_rounds`` (default ``config.num_rounds``) rounds; returns the global model."""
+def check_supported(config: AppConfig) -> tuple[bool, bool]:
+    """(uses SAM, private) for ``config``'s strategy; ValueError for what the reference loops do not cover."""
     name = config.strategy.name
     if name not in SUPPORTED:
         raise ValueError(f"the baseline loop covers {sorted(SUPPORTED)}, not {name!r}")
     if config.privacy.placement != "server" or config.privacy.target_epsilon is not None:
         raise ValueError("the baseline loop covers privacy.placement=server with a given noise_multiplier")
     optimizer_kind, private = SUPPORTED[name]
+    return optimizer_kind == "sam", private
+
+
+def denominator(config: AppConfig) -> float:
+    """The fixed denominator m = qM of the private average (rounded for fixed-size sampling, as the app)."""
+    d, p = config.dataset, config.privacy
+    m = mech.expected_clients(d.num_clients, p.sample_rate)
+    return float(round(m)) if p.sampling == "fixed" else m
+
+
+def sampled_partitions(config: AppConfig, server_round: int) -> list[int]:
+    """Round t's sampled partitions, sorted, from the stream ``(seed, t, SAMPLING)``."""
+    d, p = config.dataset, config.privacy
+    rng = mech.make_rng(config.seed, server_round, STREAM_SAMPLING)
+    if p.sampling == "fixed":
+        sampled = mech.fixed_size_sample(d.num_clients, int(denominator(config)), rng)
+    else:
+        sampled = mech.poisson_sample(d.num_clients, p.sample_rate, rng)
+    return sorted(int(pid) for pid in sampled.tolist())
+
+
+def partition_indices(config: AppConfig, pid: int) -> np.ndarray:
+    """Training-set indices of partition ``pid`` (cached per process by fl_app.data.partition)."""
+    d = config.dataset
+    return get_partition(
+        d.name, d.data_dir, d.partition, d.num_clients, d.alpha, config.seed, pid,
+        num_samples=d.max_train_samples or None,
+    )  # fmt: skip
+
+
+def client_data(train: TensorData, config: AppConfig, pid: int, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) of partition ``pid`` on ``device``."""
+    idx = torch.from_numpy(partition_indices(config, pid).copy())
+    return train.x[idx].to(device), train.y[idx].to(device=device, dtype=torch.long)
+
+
+def local_steps(num_samples: int, config: AppConfig) -> int:
+    """K = E·⌈n/B⌉ local steps of a client with n samples (0 for an empty client)."""
+    return config.client.local_epochs * math.ceil(num_samples / config.client.batch_size)
+
+
+def shuffle_generator(config: AppConfig, server_round: int, pid: int) -> torch.Generator:
+    """The CPU generator of client ``pid``'s mini-batch shuffles in round t: stream ``(seed, t, SHUFFLE, pid)``."""
+    shuffle_seed = int(mech.make_rng(config.seed, server_round, STREAM_CLIENT_SHUFFLE, pid).integers(2**62))
+    return torch.Generator().manual_seed(shuffle_seed)
+
+
+def server_step(
+    config: AppConfig, weights: list[np.ndarray], average: list[np.ndarray], server_round: int, private: bool
+) -> list[np.ndarray]:
+    """Add N(0, σ²C²/m²) from ``(seed, t, SERVER_NOISE)`` to the average (if private), then w ← w + η_g·avg."""
+    p = config.privacy
+    if private:
+        std = mech.gaussian_noise_std(p.noise_multiplier, p.clip_norm, denominator(config), "server")
+        average = mech.add_gaussian_noise(average, std, mech.make_rng(config.seed, server_round, STREAM_SERVER_NOISE))
+    eta = config.strategy.server_lr
+    return [
+        (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
+        for w, a in zip(weights, average, strict=True)
+    ]
+
+
+def run_baseline(
+    config: AppConfig,
+    num_rounds: int | None = None,
+    device: str = "cpu",
+) -> BaselineResult:
+    """Train ``config`` for ``num_rounds`` (default ``config.num_rounds``) rounds; returns the global model.
+
+    Pins the native libraries' thread pools to torch's current thread count first (see the module docstring).
+    """
+    use_sam, private = check_supported(config)
+    limit_library_threads(torch.get_num_threads())
     d, p = config.dataset, config.privacy
     train, _ = load_dataset(d.name, d.data_dir, download=d.download)
     model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device)
     weights = get_weights(model)
     shapes = [w.shape for w in weights]
-    m = mech.expected_clients(d.num_clients, p.sample_rate)  # the fixed denominator qM
-    if p.sampling == "fixed":
-        m = float(round(m))
+    m = denominator(config)
     result = BaselineResult(weights=weights)
     for t in range(1, (config.num_rounds if num_rounds is None else num_rounds) + 1):
         t0 = time.perf_counter()
-        rng = mech.make_rng(config.seed, t, STREAM_SAMPLING)
-        if p.sampling == "fixed":
-            sampled = mech.fixed_size_sample(d.num_clients, int(m), rng)
-        else:
-            sampled = mech.poisson_sample(d.num_clients, p.sample_rate, rng)
         updates = []
-        for pid in sorted(sampled.tolist()):
-            indices = get_partition(
-                d.name, d.data_dir, d.partition, d.num_clients, d.alpha, config.seed, pid,
-                num_samples=d.max_train_samples or None,
-            )  # fmt: skip
-            idx = torch.from_numpy(indices.copy())
-            x, y = train.x[idx].to(device), train.y[idx].to(device=device, dtype=torch.long)
-            if len(idx) == 0:
+        for pid in sampled_partitions(config, t):
+            x, y = client_data(train, config, pid, device)
+            if len(y) == 0:
                 updates.append([np.zeros(s, dtype=np.float32) for s in shapes])
                 continue
             set_weights(model, weights)
-            shuffle_seed = int(mech.make_rng(config.seed, t, STREAM_CLIENT_SHUFFLE, pid).integers(2**62))
-            generator = torch.Generator().manual_seed(shuffle_seed)
-            _local_sgd_or_sam(model, x, y, config, t, optimizer_kind == "sam", generator)
+            local_train(model, x, y, config, t, use_sam, shuffle_generator(config, t, pid))
             update = [new - old for new, old in zip(get_weights(model), weights, strict=True)]
             updates.append(mech.clip_update(update, p.clip_norm)[0] if private else update)
         if private:
             average = mech.uniform_average(updates, m, shapes)
-            std = mech.gaussian_noise_std(p.noise_multiplier, p.clip_norm, m, "server")
-            average = mech.add_gaussian_noise(average, std, mech.make_rng(config.seed, t, STREAM_SERVER_NOISE))
         else:
             average = mech.uniform_average(updates, max(len(updates), 1), shapes)
-        eta = config.strategy.server_lr
-        weights = [
-            (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
-            for w, a in zip(weights, average, strict=True)
-        ]
+        weights = server_step(config, weights, average, t, private)
         result.round_seconds.append(time.perf_counter() - t0)
         result.clients_per_round.append(len(updates))
     result.weights = weights
@@ -161,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    limit_library_threads(torch.get_num_threads())
     result = run_baseline(compose_config(args.overrides), device=args.device)
     weights_file = args.out.with_suffix(".npz")
     np.savez(weights_file, *result.weights)
@@ -168,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         "round_seconds": result.round_seconds,
         "clients_per_round": result.clients_per_round,
         "threads": torch.get_num_threads(),
+        "library_threads": library_thread_counts(),
         "device": args.device,
         "weights_file": str(weights_file),
     }

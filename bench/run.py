@@ -1,4 +1,4 @@
-"""Benchmark harness (issue 5): ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4]``.
+"""Benchmark harness (issues 5, 12): ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4,GPU]``.
 
 Writes ``results.json`` and ``results.md`` into ``--out`` (default ``bench/results/<timestamp>/``). Every
 comparison is a ratio of two measurements taken side by side in this one invocation.
@@ -7,15 +7,28 @@ comparison is a ratio of two measurements taken side by side in this one invocat
   point and for ``flwr run`` (against an already running ``flower-superlink --simulation``; its own start is
   reported apart), split into: Python imports, up to the ServerApp's start (Hydra, validation, dataset check,
   Ray start), ServerApp → first client fit (strategy, test set, Ray workers and their imports), worker setup
-  (dataset, partition, model in the worker).
-* **P2 steady state** — the app's per-round wall time (the interval between consecutive rounds' records, rounds
-  3 .. T−1, so every cost between rounds counts; the last round's evaluation is left out) divided by the plain
-  PyTorch loop's (bench/baseline.py, the same sampled clients and local training), on a compute-bound config.
-  The loop's final model is compared with the app's.
+  (dataset, partition, model in the worker). Target: ≤ 10 s through the Hydra entry point.
+* **P2 steady state, fair CPU comparison** — for DP-FedAvg and DP-FedSAM on the compute-bound config, s/round
+  (median over rounds 3 .. T−1; for the app the interval between consecutive rounds' records, so every cost
+  between rounds counts) of: the app per client (``simulation.cohort_size=1``), the app in cohort mode
+  (``simulation.cohort_size=auto``), the plain PyTorch loop on all cores (bench/baseline.py, BLAS pinned) and P
+  one-thread loops in parallel processes (bench/parallel.py, P = cores: the CPU's physical limit, as
+  pfl-research's torchrun setup). Every process runs with the same ``OMP/OPENBLAS/MKL_NUM_THREADS=1`` (torch's
+  own thread count is set explicitly by each). Targets: cohort / parallel loops ≤ 1.10, cohort / loop ≤ 0.85.
+  The final models are compared with the parallel loops'.
 * **P3 memory** — peak resident memory summed over every process of a Hydra run (driver, Ray GCS/raylet,
-  workers) for M = 100, 500, 5000 clients at the same number of clients per round.
+  workers) for M = 100, 500, 5000 clients at the same number of clients per round. Targets: ≤ 3 GB at the
+  default M = 500, largest / smallest ≤ 1.2.
 * **P4 accounting** — seconds to compute ε after T = 300 rounds (RDP, PRV, PLD) and to calibrate σ for a target ε.
-* Client updates per second (app and loop), and the GPU when one is present.
+* **GPU** (``--only GPU``; in the default set when torch sees a CUDA device) — the papers' scale on one GPU:
+  Fashion-MNIST 20k-image subset, ``+scale=paper`` (30 local epochs, ASAM ρ = 0.5, C = 0.2, σ = 0.95) with
+  M = 167 and q = 0.3 (about 50 clients of about 120 images a round): s/round of the app per client
+  (``client_gpus=0.1``), the app in cohort mode (``client_gpus=1`` and ``0.5``) and the batched torch.func loop
+  (bench/batched.py, the GPU's physical limit); then three cohort-mode runs launched at once on the same GPU
+  (three Hydra processes, each with its own Ray) against one alone. Targets: cohort ≤ 1.5 s/round and ≤ 1.3×
+  the batched loop; each of three sharing runs ≤ 1.5× its time alone. ``--gpu-rounds`` (default 6; the sharing
+  runs do max(2×, 12) so that their steady rounds overlap) keeps it within about 8 minutes on one H100; pass the
+  data with ``--data-dir`` (and any other override with ``--set KEY=VALUE``).
 """
 
 from __future__ import annotations
@@ -54,6 +67,9 @@ P2_OVERRIDES = [
 ]
 QUICK_OVERRIDES = ["dataset.max_train_samples=6000", "dataset.max_test_samples=1000"]
 P3_POPULATIONS = (100, 500, 5000)
+P3_DEFAULT_POPULATION = 500  # conf/dataset/fashion_mnist.yaml's M
+P3_TARGET_MIB = 3e9 / 2**20  # 3 GB summed over every process of the run, at the default M
+P1_TARGET_S = 10.0  # command start → first local step
 
 
 def with_overrides(overrides: list[str], *extra: str) -> list[str]:
@@ -138,77 +154,171 @@ def _app_round_seconds(records: list[dict[str, Any]]) -> list[float]:
     return [stamps[t] - stamps[t - 1] for t in range(3, last)]
 
 
-def _baseline(overrides: list[str], num_rounds: int, tmp: Path, threads: int, device: str) -> dict[str, Any]:
-    """bench/baseline.py in a fresh process (its own imports and dataset load, like the app)."""
-    out = tmp / f"baseline_{threads}t_{device}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.baseline",
-        *with_overrides(overrides, f"num_rounds={num_rounds}"),
-        "--threads",
-        str(threads),
-        "--device",
-        device,
-        "--out",
-        str(out),
-    ]
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, text=True)
-    return json.loads(out.read_text())
+#: Every P2 process gets the same pinning environment: NumPy's BLAS and MKL on one thread (the app's and the
+#: loops' only BLAS work is the float64 norm of each clip), OpenMP's default 1; torch's thread count is set
+#: explicitly by each contender (Ray gives each ClientApp client_cpus threads, the loop takes --threads).
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+P2_STRATEGIES = ("dp_fedavg", "dp_fedsam")
+#: (target, bound): the fair CPU comparison's targets (issue 12).
+P2_TARGETS = {"ratio_cohort_over_parallel": 1.10, "ratio_cohort_over_loop": 0.85}
 
 
-def p2_steady_state(overrides: list[str], num_rounds: int, tmp: Path, device: str = "cpu") -> dict[str, Any]:
-    cores = os.cpu_count() or 1
-    extra = ["simulation.device=cuda", "simulation.client_gpus=0.5"] if device == "cuda" else []
-    app_out = tmp / f"p2_app_{device}"
-    env = run_env(tmp / f"p2_{device}")
-    cmd = _hydra_cmd(with_overrides(overrides, *extra, f"num_rounds={num_rounds}"), app_out)
-    _run_logged(cmd, env, tmp / "p2.log", 3600)
-    records = read_metrics(app_out / "metrics.jsonl")
-    app_rounds = _app_round_seconds(records)
-    loop = _baseline(overrides, num_rounds, tmp, threads=cores, device=device)
-    loop_1t = _baseline(overrides, num_rounds, tmp, threads=1, device=device) if device == "cpu" else None
-    loop_rounds = loop["round_seconds"][2 : num_rounds - 1]
-    with np.load(app_out / "final_model.npz") as saved:
-        app_weights = list(saved.values())
-    reference = loop_1t or loop
-    max_abs_diff = max(
-        float(np.abs(a - np.asarray(b, dtype=np.float32)).max())
-        for a, b in zip(app_weights, _load_weights(reference["weights_file"]), strict=True)
-    )
-    steady = records[2 : num_rounds - 1]
-    clients = statistics.mean(r["aggregated"] for r in steady)
+def steady(values: list[float], num_rounds: int) -> list[float]:
+    """Rounds 3 .. T−1 of a per-round list (round 1 first): warm-up and the final evaluation left out."""
+    return values[2 : num_rounds - 1]
+
+
+def _loop_cmd(module: str, overrides: list[str], out: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *overrides, *args, "--out", str(out)]
+
+
+def _run_loop(cmd: list[str], env: dict[str, str], log: Path, timeout: float = 3600) -> dict[str, Any]:
+    """A reference loop (bench.baseline / bench.parallel / bench.batched) in a fresh process: its own imports and
+    dataset load, like the app. Returns its JSON summary."""
+    out = Path(cmd[cmd.index("--out") + 1])
+    with log.open("wb") as fh:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed ({proc.returncode}); see {log}:\n{tail}")
+    return dict(json.loads(out.read_text()))
+
+
+def _app_run(overrides: list[str], num_rounds: int, tmp: Path, label: str, env_extra: dict[str, str]) -> dict[str, Any]:
+    """One Hydra run of the app; s/round over rounds 3..T−1 and where an app round goes."""
+    out = tmp / f"app_{label}"
+    env = {**run_env(tmp / f"env_{label}"), **env_extra}
+    _run_logged(_hydra_cmd(with_overrides(overrides, f"num_rounds={num_rounds}"), out), env, tmp / f"{label}.log", 3600)
+    return _app_summary(out, num_rounds)
+
+
+def _app_summary(out: Path, num_rounds: int) -> dict[str, Any]:
+    records = read_metrics(out / "metrics.jsonl")
+    rounds = _app_round_seconds(records)
+    window = records[2 : num_rounds - 1]
     # Where an app round goes: clients phase (messages out, training, replies in), server aggregation, and the
     # rest (accounting, metrics line, checkpoint, next round's messages).
-    split = {key: statistics.mean(r[key] for r in steady) for key in ("clients_phase_s", "aggregate_s")}
-    app_s, loop_s = statistics.mean(app_rounds), statistics.mean(loop_rounds)
-    result: dict[str, Any] = {
-        "device": device,
-        "rounds_measured": f"3..{num_rounds - 1}",
+    split = {key: statistics.median(r[key] for r in window) for key in ("clients_phase_s", "aggregate_s")}
+    median = statistics.median(rounds)
+    clients = statistics.mean(r["aggregated"] for r in window)
+    return {
+        "round_s": median,
+        "round_s_each": rounds,
         "clients_per_round": clients,
-        "app_round_s": app_s,
-        "app_round_s_each": app_rounds,
-        "loop_round_s": loop_s,
-        "loop_round_s_each": loop_rounds,
-        "app_clients_phase_s": split["clients_phase_s"],
-        "app_aggregate_s": split["aggregate_s"],
-        "app_other_s": statistics.mean(app_rounds) - split["clients_phase_s"] - split["aggregate_s"],
-        "loop_threads": loop["threads"],
-        "ratio_app_over_loop": app_s / loop_s,
-        "app_updates_per_s": clients / app_s,
-        "loop_updates_per_s": clients / loop_s,
-        "final_model_max_abs_diff_vs_loop": max_abs_diff,
-        "final_model_compared_with": f"loop with {reference['threads']} thread(s)",
+        "updates_per_s": clients / median,
+        "clients_phase_s": split["clients_phase_s"],
+        "aggregate_s": split["aggregate_s"],
+        "other_s": median - split["clients_phase_s"] - split["aggregate_s"],
+        "model_file": str(out / "final_model.npz"),
+        "finished_unix": [r["finished_unix"] for r in records],
     }
-    if loop_1t is not None:
-        one = statistics.mean(loop_1t["round_seconds"][2 : num_rounds - 1])
-        result.update(loop_1thread_round_s=one, ratio_app_over_loop_1thread=app_s / one)
+
+
+def _loop_summary(result: dict[str, Any], num_rounds: int) -> dict[str, Any]:
+    rounds = steady(result["round_seconds"], num_rounds)
+    summary = {key: value for key, value in result.items() if key not in ("round_seconds", "weights_file")}
+    median = statistics.median(rounds)
+    clients = statistics.mean(steady(result["clients_per_round"], num_rounds))
+    summary.update(
+        round_s=median,
+        round_s_each=rounds,
+        clients_per_round=clients,
+        updates_per_s=clients / median,
+        model_file=result["weights_file"],
+    )
+    return summary
+
+
+def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    """Largest element-wise |a − b| over two models (lists of arrays of the same shapes)."""
+    return max(
+        float(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)).max()) for x, y in zip(a, b, strict=True)
+    )
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> float | None:
+    if not a or not b or "round_s" not in a or "round_s" not in b:
+        return None
+    return float(a["round_s"] / b["round_s"])
+
+
+def _attempt(label: str, errors: dict[str, str], fn: Any, *args: Any) -> dict[str, Any] | None:
+    """``fn(*args)``, or None with the error recorded (a contender that fails does not stop the others)."""
+    try:
+        return dict(fn(*args))
+    except Exception as exc:  # recorded in the results and the table, not hidden
+        head, _, rest = str(exc).partition("\n")
+        errors[label] = f"{type(exc).__name__}: {head[:500]}" + (f"\n{rest[-1500:]}" if rest else "")
+        print(f"[bench] {label} failed: {errors[label].splitlines()[0]}", file=sys.stderr)
+        return None
+
+
+def p2_fair(overrides: list[str], num_rounds: int, tmp: Path, procs: int | None = None) -> dict[str, Any]:
+    """The fair CPU comparison for DP-FedAvg and DP-FedSAM: app per client, app cohort mode, the loop on all cores,
+    ``procs`` one-thread loops in parallel processes (default: one per core)."""
+    cores = os.cpu_count() or 1
+    procs = procs or cores
+    env = {**os.environ, **THREAD_ENV}
+    result: dict[str, Any] = {
+        "cores": cores,
+        "thread_env": THREAD_ENV,
+        "rounds_measured": f"3..{num_rounds - 1}",
+        "statistic": "median",
+        "targets": P2_TARGETS,
+    }
+    for strategy in P2_STRATEGIES:
+        ov = with_overrides(overrides, f"strategy={strategy}")
+        ov_rounds = with_overrides(ov, f"num_rounds={num_rounds}")
+        errors: dict[str, str] = {}
+        entry: dict[str, Any] = {}
+        part = tmp / f"p2_{strategy}"
+        part.mkdir(parents=True, exist_ok=True)
+        entry["app_per_client"] = _attempt(
+            "app_per_client", errors, _app_run,
+            with_overrides(ov, "simulation.cohort_size=1"), num_rounds, part, "per_client", THREAD_ENV,
+        )  # fmt: skip
+        entry["app_cohort"] = _attempt(
+            "app_cohort", errors, _app_run,
+            with_overrides(ov, "simulation.cohort_size=auto"), num_rounds, part, "cohort", THREAD_ENV,
+        )  # fmt: skip
+        loop = _attempt(
+            "loop", errors, _run_loop,
+            _loop_cmd("bench.baseline", ov_rounds, part / "loop.json", "--threads", str(cores)), env, part / "loop.log",
+        )  # fmt: skip
+        parallel = _attempt(
+            "parallel_loops", errors, _run_loop,
+            _loop_cmd("bench.parallel", ov_rounds, part / "parallel.json", "--procs", str(procs), "--threads", "1"),
+            env, part / "parallel.log",
+        )  # fmt: skip
+        entry["loop"] = _loop_summary(loop, num_rounds) if loop else None
+        entry["parallel_loops"] = _loop_summary(parallel, num_rounds) if parallel else None
+        if parallel:
+            busy = [
+                sum(b) / (len(b) * r) for b, r in zip(parallel["busy_seconds"], parallel["round_seconds"], strict=True)
+            ]
+            entry["parallel_loops"]["busy_fraction"] = statistics.median(steady(busy, num_rounds))
+        entry["ratio_cohort_over_parallel"] = _ratio(entry["app_cohort"], entry["parallel_loops"])
+        entry["ratio_cohort_over_loop"] = _ratio(entry["app_cohort"], entry["loop"])
+        entry["ratio_per_client_over_loop"] = _ratio(entry["app_per_client"], entry["loop"])
+        entry["ratio_per_client_over_parallel"] = _ratio(entry["app_per_client"], entry["parallel_loops"])
+        entry["ratio_loop_over_parallel"] = _ratio(entry["loop"], entry["parallel_loops"])
+        if parallel:
+            reference = _load_weights(parallel["weights_file"])
+            diffs: dict[str, float] = {}
+            for name in ("app_per_client", "app_cohort", "loop"):
+                if entry[name]:
+                    diffs[f"{name}_vs_parallel"] = max_abs_diff(_load_weights(entry[name]["model_file"]), reference)
+            entry["final_model_max_abs_diff"] = diffs
+        if errors:
+            entry["errors"] = errors
+        result[strategy] = entry
     return result
 
 
 def _load_weights(path: str) -> list[np.ndarray]:
+    """A saved model's arrays in saved order (``np.savez`` keeps the order, named or positional)."""
     with np.load(path) as saved:
-        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
+        return [saved[key] for key in saved.files]
 
 
 def p3_memory(overrides: list[str], tmp: Path, clients_per_round: int = 20, rounds: int = 3) -> dict[str, Any]:
@@ -269,6 +379,149 @@ def p4_accounting() -> dict[str, Any]:
     return result
 
 
+#: The papers' scale on one GPU (issue 12): Fashion-MNIST's first 20k training images over M = 167 clients (about
+#: 120 images each), q = 0.3 (about 50 clients a round, Poisson), +scale=paper: 30 local epochs of batch 32, ASAM
+#: ρ = 0.5, C = 0.2, σ = 0.95, DP-FedSAM; evaluation only after the last round (outside the measured window).
+GPU_OVERRIDES = [
+    "+scale=paper",
+    "strategy=dp_fedsam",
+    "dataset.max_train_samples=20000",
+    "dataset.max_test_samples=2000",
+    "dataset.num_clients=167",
+    "privacy.sample_rate=0.3",
+    "eval_every=1000",
+]
+#: The app's GPU contenders: per client (10 Ray workers share the GPU) and cohort mode (one cohort per worker).
+GPU_APP_RUNS = {
+    "app_per_client": ["simulation.cohort_size=1", "simulation.client_gpus=0.1"],
+    "app_cohort_gpus_1": ["simulation.cohort_size=auto", "simulation.client_gpus=1"],
+    "app_cohort_gpus_0.5": ["simulation.cohort_size=auto", "simulation.client_gpus=0.5"],
+}
+GPU_TARGETS = {"cohort_round_s": 1.5, "ratio_cohort_over_batched": 1.3, "ratio_shared_over_alone": 1.5}
+GPU_SHARED_RUNS = 3
+
+
+def require_cuda() -> None:
+    """Stop with a clear message when torch sees no CUDA device (the GPU case cannot run)."""
+    if not torch.cuda.is_available():
+        raise SystemExit(
+            "bench: the GPU case needs a CUDA device, but torch.cuda.is_available() is False on this machine "
+            f"(torch {torch.__version__}, built for CUDA {torch.version.cuda}). Run `python -m bench --only GPU` "
+            "on a GPU machine, or leave GPU out of --only."
+        )
+
+
+def overlap_rounds(stamps: list[list[float]], num_rounds: int) -> list[list[float]]:
+    """Per run, the intervals of rounds 3..T−1 that lie entirely inside the window where every run was in its
+    round loop: after the last of the runs finished round 2 and before the first of them finished round T−1.
+
+    ``stamps[i][t−1]`` is run i's finish time of round t. A run whose steady rounds fall outside the window
+    (the runs did not overlap) gets an empty list."""
+    start = max(s[1] for s in stamps)
+    end = min(s[num_rounds - 2] for s in stamps)
+    return [
+        [s[t - 1] - s[t - 2] for t in range(3, num_rounds) if s[t - 2] >= start and s[t - 1] <= end] for s in stamps
+    ]
+
+
+def _shared_app_runs(overrides: list[str], num_rounds: int, tmp: Path, count: int) -> dict[str, Any]:
+    """``count`` Hydra runs of the app launched at once, each with its own Ray (and its own RAY_TMPDIR), all on
+    the one GPU; each run's s/round over the rounds where all of them were training."""
+    started = []
+    for i in range(count):
+        out = tmp / f"app_shared_{i}"
+        env = {**run_env(tmp / f"env_shared_{i}"), **THREAD_ENV}
+        log = (tmp / f"shared_{i}.log").open("wb")
+        cmd = _hydra_cmd(with_overrides(overrides, f"num_rounds={num_rounds}"), out)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        started.append((proc, env, log, out))
+    failed = []
+    deadline = time.monotonic() + 3600
+    for proc, env, log, _ in started:
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+        kill_processes_mentioning(env["RAY_TMPDIR"])
+        if proc.returncode != 0:
+            failed.append(f"{log.name} ({proc.returncode})")
+    if failed:
+        raise RuntimeError(f"shared-GPU runs failed: {', '.join(failed)}")
+    summaries = [_app_summary(out, num_rounds) for *_, out in started]
+    overlapped = overlap_rounds([s["finished_unix"] for s in summaries], num_rounds)
+    per_run = [statistics.median(o) if o else None for o in overlapped]
+    return {
+        "runs": count,
+        "rounds": num_rounds,
+        "round_s_each_run": [
+            statistics.median(o) if o else s["round_s"] for o, s in zip(overlapped, summaries, strict=True)
+        ],
+        "overlapping_rounds_each_run": [len(o) for o in overlapped],
+        "fully_overlapped": all(v is not None for v in per_run),
+        "round_s": max(statistics.median(o) if o else s["round_s"] for o, s in zip(overlapped, summaries, strict=True)),
+    }
+
+
+def gpu_paper_scale(overrides: list[str], num_rounds: int, tmp: Path) -> dict[str, Any]:
+    """The papers' scale on the GPU: app per client, app cohort mode (whole GPU, half), the batched loop, and three
+    cohort-mode runs sharing the GPU."""
+    require_cuda()
+    errors: dict[str, str] = {}
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(0),
+        "overrides": overrides,
+        "rounds_measured": f"3..{num_rounds - 1}",
+        "statistic": "median",
+        "targets": GPU_TARGETS,
+    }
+    part = tmp / "gpu"
+    part.mkdir(parents=True, exist_ok=True)
+    cuda = with_overrides(overrides, "simulation.device=cuda")
+    for name, extra in GPU_APP_RUNS.items():
+        result[name] = _attempt(
+            name, errors, _app_run, with_overrides(cuda, *extra), num_rounds, part, name, THREAD_ENV
+        )
+    batched = _attempt(
+        "batched_loop", errors, _run_loop,
+        _loop_cmd("bench.batched", with_overrides(overrides, f"num_rounds={num_rounds}"), part / "batched.json",
+                  "--device", "cuda"),
+        {**os.environ, **THREAD_ENV}, part / "batched.log",
+    )  # fmt: skip
+    result["batched_loop"] = _loop_summary(batched, num_rounds) if batched else None
+    alone = result["app_cohort_gpus_1"]
+    # More rounds than alone, so that the three runs' steady rounds overlap despite their staggered starts.
+    shared_rounds = max(2 * num_rounds, 12)
+    shared = _attempt(
+        "shared", errors, _shared_app_runs,
+        with_overrides(cuda, *GPU_APP_RUNS["app_cohort_gpus_1"]), shared_rounds, part, GPU_SHARED_RUNS,
+    )  # fmt: skip
+    result["shared"] = shared
+    best = min(
+        (result[n] for n in ("app_cohort_gpus_1", "app_cohort_gpus_0.5") if result[n]),
+        key=lambda r: r["round_s"],
+        default=None,
+    )
+    result["cohort_round_s"] = best["round_s"] if best else None
+    result["ratio_cohort_over_batched"] = _ratio(best, result["batched_loop"])
+    result["ratio_per_client_over_batched"] = _ratio(result["app_per_client"], result["batched_loop"])
+    result["ratio_per_client_over_cohort"] = _ratio(result["app_per_client"], best)
+    result["ratio_shared_over_alone"] = _ratio(shared, alone)
+    if shared and alone:
+        shared["ratio_each_run_over_alone"] = [v / alone["round_s"] for v in shared["round_s_each_run"]]
+    if batched:
+        reference = _load_weights(batched["weights_file"])
+        result["final_model_max_abs_diff"] = {
+            f"{name}_vs_batched": max_abs_diff(_load_weights(result[name]["model_file"]), reference)
+            for name in GPU_APP_RUNS
+            if result[name]
+        }
+    if errors:
+        result["errors"] = errors
+    return result
+
+
 def machine() -> dict[str, Any]:
     return {
         "cpu_count": os.cpu_count(),
@@ -280,6 +533,105 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _num(value: float | None, spec: str = ".2f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _met(value: float | None, bound: float) -> str:
+    return "n/a" if value is None else ("yes" if value <= bound else "**no**")
+
+
+def _target_row(label: str, value: float | None, bound: float, extra: str = "", spec: str = ".3f") -> str:
+    """``| label | **value** extra | ≤ bound | yes/no |``."""
+    return f"| {label} | **{_num(value, spec)}**{extra} | ≤ {bound} | {_met(value, bound)} |"
+
+
+def _p2_rows(p2: dict[str, Any]) -> list[str]:
+    lines = []
+    names = {
+        "app_per_client": "app per client (`cohort_size=1`)",
+        "app_cohort": "app cohort mode (`cohort_size=auto`)",
+        "loop": "plain loop, all cores",
+        "parallel_loops": "parallel 1-thread loops",
+    }
+    for strategy in P2_STRATEGIES:
+        entry = p2.get(strategy)
+        if not entry:
+            continue
+        parts = []
+        for key, label in names.items():
+            run = entry.get(key)
+            if not run:
+                parts.append(f"{label}: failed")
+                continue
+            detail = ""
+            if key == "loop":
+                detail = f", {run.get('threads')} threads"
+            elif key == "parallel_loops":
+                detail = (
+                    f", {run.get('procs')}×{run.get('threads')} thread, busy {_num(run.get('busy_fraction'), '.0%')}"
+                )
+            parts.append(f"{label}{detail}: {run['round_s']:.2f}")
+        lines.append(f"| P2 {strategy} s/round (median) | {'; '.join(parts)} | | |")
+        t = P2_TARGETS
+        for key, label in (
+            ("ratio_cohort_over_parallel", "cohort / parallel loops"),
+            ("ratio_cohort_over_loop", "cohort / loop"),
+        ):
+            lines.append(_target_row(f"P2 {strategy}: {label}", entry[key], t[key]))
+        lines.append(
+            f"| P2 {strategy}: per client / loop (per client / parallel loops) | "
+            f"{_num(entry['ratio_per_client_over_loop'], '.3f')} "
+            f"({_num(entry['ratio_per_client_over_parallel'], '.3f')}) | | |"
+        )
+        for key in ("app_per_client", "app_cohort"):
+            run = entry.get(key)
+            if run:
+                lines.append(
+                    f"| P2 {strategy}: {names[key]} round split (s) | clients phase {run['clients_phase_s']:.2f}, "
+                    f"aggregation {run['aggregate_s']:.2f}, other {run['other_s']:.2f} | | |"
+                )
+        ups = ", ".join(f"{key} {entry[key]['updates_per_s']:.2f}" for key in names if entry.get(key))
+        lines.append(f"| P2 {strategy} client updates / s | {ups} | | |")
+        if diffs := entry.get("final_model_max_abs_diff"):
+            text = ", ".join(f"{k.replace('_vs_parallel', '')} {v:.3g}" for k, v in diffs.items())
+            lines.append(f"| P2 {strategy} final model vs parallel loops, max abs diff | {text} | float tolerance | |")
+        for key, message in entry.get("errors", {}).items():
+            lines.append(f"| P2 {strategy} {key} FAILED | {message.splitlines()[0][:200]} | | |")
+    return lines
+
+
+def _gpu_rows(gpu: dict[str, Any]) -> list[str]:
+    t = GPU_TARGETS
+    lines = []
+    parts = []
+    for key in (*GPU_APP_RUNS, "batched_loop"):
+        run = gpu.get(key)
+        parts.append(f"{key} {run['round_s']:.2f}" if run else f"{key} failed")
+    lines.append(f"| GPU ({gpu['gpu']}) s/round (median, rounds {gpu['rounds_measured']}) | {'; '.join(parts)} | | |")
+    label = "GPU cohort mode s/round (best of client_gpus 1, 0.5)"
+    lines.append(_target_row(label, gpu["cohort_round_s"], t["cohort_round_s"], spec=".2f"))
+    lines.append(
+        _target_row("GPU cohort / batched loop", gpu["ratio_cohort_over_batched"], t["ratio_cohort_over_batched"])
+    )
+    lines.append(
+        f"| GPU per client / batched loop (per client / cohort) | {_num(gpu['ratio_per_client_over_batched'], '.3f')} "
+        f"({_num(gpu['ratio_per_client_over_cohort'], '.3f')}) | | |"
+    )
+    if shared := gpu.get("shared"):
+        each = ", ".join(f"{v:.2f}" for v in shared["round_s_each_run"])
+        overlap = "" if shared["fully_overlapped"] else " (runs did not fully overlap)"
+        label = f"GPU {shared['runs']} cohort runs sharing the GPU: slowest / alone"
+        extra = f" (s/round each: {each}){overlap}"
+        lines.append(_target_row(label, gpu["ratio_shared_over_alone"], t["ratio_shared_over_alone"], extra))
+    if diffs := gpu.get("final_model_max_abs_diff"):
+        text = ", ".join(f"{k.replace('_vs_batched', '')} {v:.3g}" for k, v in diffs.items())
+        lines.append(f"| GPU final model vs batched loop, max abs diff | {text} | float tolerance (30 epochs) | |")
+    for key, message in gpu.get("errors", {}).items():
+        lines.append(f"| GPU {key} FAILED | {message.splitlines()[0][:200]} | | |")
+    return lines
+
+
 def to_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
@@ -287,76 +639,87 @@ def to_markdown(results: dict[str, Any]) -> str:
         "",
         f"Machine: {m['cpu_count']} cores ({m['processor']}), GPU: {m['cuda'] or 'none'}; torch {m['torch']}.",
         f"Config: `{' '.join(results['overrides'])}`; command: `{results['command']}`.",
-        "",
-        "| measure | value | target |",
-        "|---|---|---|",
     ]
+    if p2 := results.get("P2"):
+        env = " ".join(f"{k}={v}" for k, v in p2["thread_env"].items())
+        lines.append(f"P2: every process with `{env}`; rounds {p2['rounds_measured']}, medians.")
+    lines += ["", "| measure | value | target | met |", "|---|---|---|---|"]
     if p1 := results.get("P1"):
         for door in ("hydra", "flwr_run"):
             s = p1[door]
             lines.append(
                 f"| P1 startup, {door} (s) | {s['total_s']:.1f} = {s['to_serverapp_start_s']:.1f} to ServerApp + "
                 f"{s['serverapp_to_first_fit_s']:.1f} to first fit + {s['worker_setup_s']:.1f} worker setup | "
-                "as low as the engine allows |"
+                f"≤ {P1_TARGET_S:.0f} | {_met(s['total_s'], P1_TARGET_S)} |"
             )
         lines.append(
             f"| P1 parts measured alone (s) | imports {p1['python_imports_s']:.1f}, ray.init "
-            f"{p1['ray_init_alone_s']:.1f}, SuperLink start {p1['superlink_start_s']:.1f} | |"
+            f"{p1['ray_init_alone_s']:.1f}, SuperLink start {p1['superlink_start_s']:.1f} | | |"
         )
-    for key in ("P2", "P2_gpu"):
-        if p2 := results.get(key):
-            lines.append(
-                f"| {key} steady state, {p2['device']}: app / loop per round | **{p2['ratio_app_over_loop']:.3f}** "
-                f"({p2['app_round_s']:.2f} s / {p2['loop_round_s']:.2f} s, loop {p2['loop_threads']} threads)"
-                " | ≤ 1.10 |"
-            )
-            lines.append(
-                f"| {key} app round split (s) | clients phase {p2['app_clients_phase_s']:.2f}, aggregation "
-                f"{p2['app_aggregate_s']:.2f}, other {p2['app_other_s']:.2f} | |"
-            )
-            if "ratio_app_over_loop_1thread" in p2:
-                lines.append(
-                    f"| {key} vs the loop on 1 thread | {p2['ratio_app_over_loop_1thread']:.3f} "
-                    f"({p2['loop_1thread_round_s']:.2f} s) | |"
-                )
-            lines.append(
-                f"| {key} client updates / s | app {p2['app_updates_per_s']:.2f}, loop {p2['loop_updates_per_s']:.2f} "
-                f"({p2['clients_per_round']:.0f} clients/round) | |"
-            )
-            lines.append(
-                f"| {key} final model vs loop, max abs diff | {p2['final_model_max_abs_diff_vs_loop']:.3g} "
-                f"({p2['final_model_compared_with']}) | float tolerance |"
-            )
+    if p2 := results.get("P2"):
+        lines += _p2_rows(p2)
     if p3 := results.get("P3"):
         peaks = ", ".join(f"M={k}: {v:.0f}" for k, v in p3["peak_rss_mib"].items())
+        default = p3["peak_rss_mib"].get(str(P3_DEFAULT_POPULATION))
         lines.append(
-            f"| P3 peak RSS, all processes (MiB) | {peaks}; ratio **{p3['ratio_largest_over_smallest']:.3f}** | ≤ 1.2 |"
+            f"| P3 peak RSS, all processes (MiB) | {peaks}; ratio **{p3['ratio_largest_over_smallest']:.3f}** "
+            f"| ≤ 1.2 | {_met(p3['ratio_largest_over_smallest'], 1.2)} |"
+        )
+        lines.append(
+            f"| P3 peak RSS at the default M={P3_DEFAULT_POPULATION} (MiB) | **{_num(default, '.0f')}** "
+            f"| ≤ 3 GB ({P3_TARGET_MIB:.0f} MiB) | {_met(default, P3_TARGET_MIB)} |"
         )
     if p4 := results.get("P4"):
+        worst = max(p4[f"epsilon_{k}_s"] for k in ("rdp", "prv", "pld", "rdp_fixed"))
         lines.append(
             f"| P4 ε after T={p4['T']} (s) | RDP {p4['epsilon_rdp_s']:.3f}, PRV {p4['epsilon_prv_s']:.3f}, "
-            f"PLD {p4['epsilon_pld_s']:.3f}, RDP fixed-size {p4['epsilon_rdp_fixed_s']:.3f} | < 1 |"
+            f"PLD {p4['epsilon_pld_s']:.3f}, RDP fixed-size {p4['epsilon_rdp_fixed_s']:.3f} | < 1 "
+            f"| {_met(worst, 1.0)} |"
         )
-        lines.append(f"| P4 calibrate σ for ε=8 (s) | {p4['calibrate_rdp_s']:.3f} | < 1 |")
-        lines.append(f"| P4 accounting per round at T=300 (s) | {p4['per_round_accounting_at_T300_s']:.3f} | |")
+        lines.append(
+            f"| P4 calibrate σ for ε=8 (s) | {p4['calibrate_rdp_s']:.3f} | < 1 | {_met(p4['calibrate_rdp_s'], 1.0)} |"
+        )
+        lines.append(f"| P4 accounting per round at T=300 (s) | {p4['per_round_accounting_at_T300_s']:.3f} | | |")
+    if gpu := results.get("GPU"):
+        lines += _gpu_rows(gpu)
     if "gpu" in results:
-        lines.append(f"| GPU | {results['gpu']} | |")
+        lines.append(f"| GPU | {results['gpu']} | | |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None, help="results directory (default bench/results/<time>)")
-    parser.add_argument("--only", default="P1,P2,P3,P4", help="comma-separated subset of P1,P2,P3,P4")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated subset of P1,P2,P3,P4,GPU (default: all; GPU when CUDA is present)",
+    )
     parser.add_argument("--rounds", type=int, default=8, help="P2 rounds (steady state = rounds 3..T-1)")
+    parser.add_argument("--gpu-rounds", type=int, default=6, help="rounds of each GPU run (steady state = 3..T-1)")
+    parser.add_argument("--procs", type=int, default=None, help="P2 parallel loops' processes (default: cores)")
     parser.add_argument("--quick", action="store_true", help="a 6000-image subset and 5 rounds (smoke test)")
+    parser.add_argument("--data-dir", default=None, help="dataset.data_dir for every run (where Fashion-MNIST is)")
+    parser.add_argument(
+        "--set", dest="extra", action="append", default=[], metavar="KEY=VALUE",
+        help="an extra Hydra override for every run (repeatable), e.g. --set dataset.download=true",
+    )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the runs' directories")
     args = parser.parse_args(argv)
-    only = {s.strip().upper() for s in args.only.split(",")}
+    default_only = "P1,P2,P3,P4" + (",GPU" if torch.cuda.is_available() else "")
+    only = {s.strip().upper() for s in (args.only or default_only).split(",") if s.strip()}
+    if unknown := only - {"P1", "P2", "P3", "P4", "GPU"}:
+        parser.error(f"--only: unknown {sorted(unknown)}")
+    if args.rounds < 4 or args.gpu_rounds < 4:
+        parser.error("--rounds and --gpu-rounds must be >= 4 (the steady state is rounds 3..T-1)")
+    if "GPU" in only:
+        require_cuda()
+    passthrough = ([f"dataset.data_dir={args.data_dir}"] if args.data_dir else []) + list(args.extra)
     out = args.out or ROOT / "bench" / "results" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
-    overrides = P2_OVERRIDES + (QUICK_OVERRIDES if args.quick else [])
+    overrides = with_overrides(P2_OVERRIDES + (QUICK_OVERRIDES if args.quick else []), *passthrough)
     rounds = 5 if args.quick else args.rounds
+    gpu_rounds = min(args.gpu_rounds, 5) if args.quick else args.gpu_rounds
     results: dict[str, Any] = {
         "machine": machine(),
         "overrides": overrides,
@@ -367,11 +730,11 @@ def main(argv: list[str] | None = None) -> int:
         if "P4" in only:
             results["P4"] = p4_accounting()
         if "P2" in only:
-            results["P2"] = p2_steady_state(overrides, rounds, tmp)
-            if torch.cuda.is_available():
-                results["P2_gpu"] = p2_steady_state(overrides, rounds, tmp, device="cuda")
-            else:
-                results["gpu"] = "not present on this machine: GPU steady state not measured"
+            results["P2"] = p2_fair(overrides, rounds, tmp, procs=args.procs)
+        if "GPU" in only:
+            results["GPU"] = gpu_paper_scale(with_overrides(GPU_OVERRIDES, *passthrough), gpu_rounds, tmp)
+        elif not torch.cuda.is_available():
+            results["gpu"] = "not present on this machine: the GPU case was not measured"
         if "P1" in only:
             results["P1"] = p1_startup(overrides, tmp)
         if "P3" in only:

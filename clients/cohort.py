@@ -18,6 +18,7 @@ the sum again (finite, shapes, ‖sum‖ ≤ k·C). A client that diverges, rais
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -78,15 +79,22 @@ def _train_vectorized(
         if ins.recipe.blur_coef > 0 and ins.clip_norm > 0:
             clip, coef = ins.clip_norm, ins.recipe.blur_coef
 
-            def regularizer(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> torch.Tensor:
+            def blur(params: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> torch.Tensor:
                 return blur_term([params[n] for n in reference], list(reference.values()), clip, coef)
+
+            regularizer = blur
 
         finals, results = train_stacked(
             model, data, ins.training, ins.server_round, generators, device, regularizer=regularizer
         )
     out = []
     for final, result in zip(finals, results, strict=True):
-        update = [final[name].numpy().astype(np.float32) - old for name, old in zip(names, parameters, strict=True)]
+        # A frozen parameter is exchanged but not trained (the engine returns trainable ones): its Δ is 0, as in
+        # the per-client path.
+        update = [
+            final[name].numpy().astype(np.float32) - old if name in final else np.zeros_like(old)
+            for name, old in zip(names, parameters, strict=True)
+        ]
         out.append((update, result))
     return out
 
@@ -104,14 +112,25 @@ def train_cohort(
         raise ValueError(f"{len(partition_ids)} partitions but {len(faults)} fault entries")
     shapes = [tuple(p.shape) for p in parameters]
     started = time.time()
+    trained: list[tuple[list[np.ndarray], LocalTrainingResult] | None]
     if engine == "vectorized":
-        trained = _train_vectorized(parameters, ins, partition_ids)
+        trained = list(_train_vectorized(parameters, ins, partition_ids))
     else:
         trained = []
-        for pid in partition_ids:
-            update, result, first_step = train_one(parameters, ins, pid)
-            started = min(started, first_step) if trained else first_step
+        first: float | None = None
+        for pid, fault in zip(partition_ids, faults, strict=True):
+            if fault == "raise":  # a client that raises in fit: nothing to train
+                trained.append(None)
+                continue
+            try:
+                update, result, first_step = train_one(parameters, ins, pid)
+            except Exception as exc:  # one client's failure (e.g. unreadable data) fails that client alone
+                logging.getLogger(__name__).warning("a client of the cohort failed: %s", type(exc).__name__)
+                trained.append(None)
+                continue
+            first = first_step if first is None else min(first, first_step)
             trained.append((update, result))
+        started = first if first is not None else started
     out = CohortResult(total=[], train_started_unix=started)
     # In server placement the update must be within C whatever the recipe did (the server's rule, applied here
     # to each client because the server only sees the cohort's sum).
@@ -121,10 +140,11 @@ def train_cohort(
     order = sorted(range(len(partition_ids)), key=lambda i: partition_ids[i])
     for i in order:
         pid, fault = partition_ids[i], faults[i]
-        update, result = trained[i]
-        if result.diverged or fault == "raise":
+        outcome = trained[i]
+        if outcome is None or outcome[1].diverged or fault == "raise":
             out.rejected["failed"].append(pid)
             continue
+        update, result = outcome
         sent, pre_clip_norm = privatize_update(update, ins, pid, shared_mask)
         sent = inject_fault(fault, sent)
         kind = mech.screen_update(sent, shapes)

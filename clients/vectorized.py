@@ -12,16 +12,20 @@ computation instead of one client after another — the way to fill a GPU with a
 
 Every client draws exactly the mini-batches :mod:`clients.training` would draw from the same generator (the
 schedules are built by :func:`batch_schedule` / :func:`noisy_batch_schedule`, which replay those loops'
-``randperm`` calls), so client i's result equals the per-client path's to float tolerance.
+``randperm`` calls), so client i's result equals the per-client path's to float tolerance. (The batched kernels
+round differently from one client's: in float64 the two agree to ~1e-15; in float32 a ReLU / max-pool network can
+occasionally see a pre-activation within rounding of its kink fall on the other side in the two paths, after which
+the client's weights differ by more, 1e-4 to 1e-2 after a few steps; see tests/clients/test_vectorized.py.)
 
 Unequal clients, no padded steps: clients are sorted by their number of local steps, longest first, so the clients
 still training at step s are a prefix of the stack and step s computes only those. Within a step, a client whose
 batch is the short last batch of its epoch gets its batch padded to the step's width with zero-weight samples
 (the loss is the weighted mean over its real samples, so its gradient is exactly its own batch's).
 
-Divergence (SPEC §2): a client whose loss (either SAM pass) or gradient norm turns non-finite stops at its last
-finite weights — its later steps are computed but never applied — and is reported ``diverged`` alone; the others
-are untouched. Nothing syncs with the host inside the loop.
+Divergence (SPEC §2), with the per-client path's rules: a client whose loss (either SAM pass; for the noisy steps
+also the gradient norm) turns non-finite stops at its last weights — its later steps are computed but never
+applied — and is reported ``diverged`` alone; so is one whose weights turned non-finite on a step with a finite
+loss. The others are untouched. Nothing syncs with the host inside the loop.
 
 Models with buffers (BatchNorm running statistics) are refused: their per-client statistics would need a
 per-client train-mode state that vmap does not give. GroupNorm models (no buffers) work. Nothing here knows about
@@ -31,7 +35,8 @@ differential privacy or federation.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -56,7 +61,14 @@ StackedRegularizer = Callable[[Params, Params], torch.Tensor]
 
 
 def check_vectorizable(model: nn.Module) -> None:
-    """Raise ValueError if ``model`` cannot be trained stacked (it has buffers, e.g. BatchNorm statistics)."""
+    """Raise ValueError if ``model`` cannot be trained stacked: it has buffers (e.g. BatchNorm statistics) or
+    dropout."""
+    dropout = [name for name, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    if dropout:
+        raise ValueError(
+            "the vectorized cohort engine needs a model without dropout (its random masks would need per-client "
+            f"randomness under vmap); this model has {dropout[:3]}"
+        )
     buffers = [name for name, _ in model.named_buffers()]
     if buffers:
         raise ValueError(
@@ -187,12 +199,8 @@ def _results(
                 LocalTrainingResult(math.nan, accuracy, num_examples=n, num_steps=int(steps_l[j]), diverged=True)
             )
         else:
-            out.append(
-                LocalTrainingResult(
-                    loss_sum_l[j] / seen_j, correct_l[j] / seen_j, num_examples=n, num_steps=int(steps_l[j]),
-                    diverged=False,
-                )  # fmt: skip
-            )
+            loss, accuracy = loss_sum_l[j] / seen_j, correct_l[j] / seen_j
+            out.append(LocalTrainingResult(loss, accuracy, num_examples=n, num_steps=int(steps_l[j]), diverged=False))
     return out
 
 
@@ -219,9 +227,21 @@ def _start(
     for x, y in data:
         if int(x.shape[0]) != int(y.shape[0]):
             raise ValueError(f"x has {int(x.shape[0])} samples but y has {int(y.shape[0])}")
-    model = model.to(device).train()
+    model = model.to(device)
     global_params = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
     return model, global_params
+
+
+@contextmanager
+def _train_mode(model: nn.Module) -> Iterator[None]:
+    """Train mode while the cohort trains (as the per-client path trains); every module's own mode restored after."""
+    modes = [(module, module.training) for module in model.modules()]
+    model.train()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
 
 
 def train_stacked(
@@ -237,8 +257,9 @@ def train_stacked(
 
     Client i trains on ``data[i]`` with mini-batches drawn from ``generators[i]`` exactly as
     :func:`clients.training.train_local` would. Returns, per client in the given order, its final parameters (by
-    name, on the CPU) and a :class:`LocalTrainingResult`. ``model`` itself is left unchanged (its parameters are
-    the shared starting point). Momentum buffers start from zero, as the per-client path's fresh optimizer does.
+    name, on the CPU) and a :class:`LocalTrainingResult`. ``model`` is moved to ``device``, otherwise left unchanged
+    (its parameters are the shared starting point; its train/eval mode is restored). Momentum buffers start from
+    zero, as the per-client path's fresh optimizer does.
     """
     if len(generators) != len(data):
         raise ValueError(f"{len(data)} clients but {len(generators)} generators")
@@ -260,7 +281,7 @@ def train_stacked(
     steps = torch.zeros(count, device=device, dtype=torch.long)
     sam = config.optimizer == "sam"
     eps = 1e-12  # clients.sam.SAM's default: a zero gradient gives a zero perturbation, not 0/0
-    with torch.no_grad():
+    with torch.no_grad(), _train_mode(model):
         for index, weight in zip(plan.index, plan.weight, strict=True):
             k = int(index.shape[0])
             p = {name: t[:k] for name, t in params.items()}
@@ -326,7 +347,7 @@ def train_stacked_noisy(
     correct = torch.zeros(count, device=device, dtype=torch.float64)
     seen = torch.zeros(count, device=device, dtype=torch.float64)
     steps = torch.zeros(count, device=device, dtype=torch.long)
-    with torch.no_grad():
+    with torch.no_grad(), _train_mode(model):
         for k_step, (index, weight) in enumerate(zip(plan.index, plan.weight, strict=True)):
             k = int(index.shape[0])
             p = {name: tensor[:k] for name, tensor in params.items()}

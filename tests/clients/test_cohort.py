@@ -1,0 +1,461 @@
+"""Tests for clients/cohort.py: a worker trains a cohort of clients (sequential or vectorized engine), privatizes and
+screens each one, and returns the float64 sum in partition order with per-client statistics.
+
+Both engines must give, client by client, what the per-client path gives (``DPClient(pid).fit``: train_one, then the
+recipe), for every recipe kind the strategies use: DP-FedAvg, DP-FedSAM (client placement), ASAM, the BLUR term,
+Noisy-FedProx (absolute noise from the per-client seeded stream) and DP-FedSAM-topk with client-side masks.
+The data are real Fashion-MNIST Dirichlet(0.3) partitions of the first 300 training images, the model the paper CNN.
+
+The engine comparisons train the CNN in float64 (the global weights and the updates stay float32): in float32 the
+batched convolutions of the vectorized engine round differently from one client's, and after a few steps some
+pre-activation within rounding of a ReLU / max-pool kink falls on the other side, which moves a client by ~1e-5
+(measured on this data with 600 images and B = 32: 1.1e-5 on a DP-FedSAM cohort's sum in round 3).
+tests/clients/test_vectorized.py explains and checks this. In float32 the sequential engine is checked bit for bit
+against the per-client path instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import clients.cohort as cohort
+import clients.numpy_client as numpy_client
+from clients.cohort import CohortResult, train_cohort
+from clients.faults import inject_fault
+from clients.numpy_client import DPClient, LocalTrainingDivergedError
+from clients.recipes import privatize_update
+from clients.training import NoisyLocalConfig
+from fl_app.config import AppConfig, compose_config
+from fl_app.data.datasets import FASHION_MNIST_SYSTEM_DIR, DatasetUnavailableError, load_dataset
+from fl_app.instructions import DataSpec, RecipeSpec, TrainInstructions, local_training_config, make_train_instructions
+from fl_app.models import build_model_for_dataset, get_weights
+from fl_app.privacy import mechanisms as mech
+
+ATOL = 1e-5
+SMALL = [
+    "dataset.max_train_samples=300",
+    "dataset.num_clients=10",
+    "dataset.partition=dirichlet",
+    "dataset.alpha=0.3",
+    "simulation.device=cpu",
+    "privacy.sample_rate=0.3",
+    "client.batch_size=16",
+]
+# Partitions of 49, 17 and 29 samples: with B = 16, 4, 2 and 2 local steps, each ending on a short batch, and every
+# client's batches depend on its shuffle stream. Not sorted, so the partition-order summation is exercised.
+PIDS = [2, 5, 4]
+SIZES = {0: 18, 2: 49, 4: 29, 5: 17, 8: 22}
+SERVER_ROUND = 3  # the learning-rate decay and the round's streams are not those of round 1
+
+Recorded = dict[int, list[np.ndarray]]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fashion_mnist() -> None:
+    try:
+        load_dataset("fashion_mnist")
+    except DatasetUnavailableError:
+        pytest.skip(f"Fashion-MNIST not installed ({FASHION_MNIST_SYSTEM_DIR})")
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def global_weights() -> list[np.ndarray]:
+    return get_weights(build_model_for_dataset("cnn", "fashion_mnist", seed=1))
+
+
+@pytest.fixture
+def float64(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every path (both engines and DPClient) trains a float64 CNN on float64 inputs (see the module docstring)."""
+    models: dict[tuple[str, str, str], nn.Module] = {}
+    real_client_data = numpy_client.client_data
+
+    def model64(name: str, dataset: str, device: str) -> nn.Module:
+        if (name, dataset, device) not in models:
+            models[name, dataset, device] = build_model_for_dataset(name, dataset, seed=0).double().to(device)
+        return models[name, dataset, device]
+
+    def data64(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = real_client_data(spec, partition_id)
+        return x.double(), y
+
+    for module in (numpy_client, cohort):
+        monkeypatch.setattr(module, "_model", model64)
+        monkeypatch.setattr(module, "client_data", data64)
+
+
+class SentRecorder:
+    """Wraps privatize_update inside clients.cohort: keeps each client's Δ and what its recipe made of it."""
+
+    def __init__(self) -> None:
+        self.raw: Recorded = {}
+        self.sent: Recorded = {}
+
+    def __call__(
+        self,
+        update: list[np.ndarray],
+        ins: TrainInstructions,
+        partition_id: int,
+        shared_mask: Sequence[np.ndarray] | None = None,
+    ) -> tuple[list[np.ndarray], float]:
+        sent, norm = privatize_update(update, ins, partition_id, shared_mask)
+        self.raw[partition_id] = [np.array(u, copy=True) for u in update]
+        self.sent[partition_id] = [np.array(s, copy=True) for s in sent]
+        return sent, norm
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> SentRecorder:
+    recorder = SentRecorder()
+    monkeypatch.setattr(cohort, "privatize_update", recorder)
+    return recorder
+
+
+# ----- instructions, as the strategies build them ---------------------------------------------------------------------
+
+
+def _config(*overrides: str) -> AppConfig:
+    return compose_config([*SMALL, *overrides])
+
+
+def _instructions(
+    config: AppConfig,
+    recipe: RecipeSpec,
+    training: object,
+    *,
+    private: bool = True,
+    clip: bool = True,
+    server_round: int = SERVER_ROUND,
+) -> TrainInstructions:
+    """What FederatedStrategy.configure_train sends (strategies/base.py), for the given recipe and procedure."""
+    p = config.privacy
+    m = (
+        float(round(p.sample_rate * config.dataset.num_clients))
+        if p.sampling == "fixed"
+        else mech.expected_clients(config.dataset.num_clients, p.sample_rate)
+    )
+    return make_train_instructions(
+        config,
+        server_round,
+        recipe=recipe,
+        training=training,  # type: ignore[arg-type]
+        clip_norm=p.clip_norm if private and clip else 0.0,
+        add_noise=private and p.placement == "client",
+        noise_multiplier=p.noise_multiplier if private else 0.0,
+        expected_clients=m,
+    )
+
+
+@functools.cache
+def _dp_fedavg() -> TrainInstructions:
+    config = _config("strategy=dp_fedavg")
+    return _instructions(config, RecipeSpec(), local_training_config(config, "sgd"))
+
+
+@functools.cache
+def _dp_fedsam_client_placement() -> TrainInstructions:
+    config = _config("strategy=dp_fedsam", "privacy.placement=client", "privacy.sampling=fixed")
+    return _instructions(config, RecipeSpec(), local_training_config(config, "sam"))
+
+
+@functools.cache
+def _asam() -> TrainInstructions:
+    config = _config("strategy=dp_fedsam", "client.adaptive=true", "client.rho=0.5")
+    return _instructions(config, RecipeSpec(), local_training_config(config, "sam"))
+
+
+@functools.cache
+def _blur() -> TrainInstructions:
+    # Two epochs: Δ = 0 at a client's first step, so BLUR (zero inside the ball) only acts from its second step on.
+    config = _config("strategy=dp_fedavg_blur", "client.local_epochs=2")
+    recipe = RecipeSpec(kind="dense", blur_coef=config.strategy.blur_coef)
+    return _instructions(config, recipe, local_training_config(config, "sgd"))
+
+
+@functools.cache
+def _noisy_fedprox() -> TrainInstructions:
+    config = _config("strategy=noisy_fedprox", "strategy.local_steps=3", "strategy.lr_schedule=cyclic")
+    s = config.strategy
+    training = NoisyLocalConfig(
+        steps=s.local_steps,
+        batch_size=config.client.batch_size,
+        lr=s.noisy_lr,
+        schedule=s.lr_schedule,  # type: ignore[arg-type]
+        grad_clip=s.grad_clip,
+        prox_coef=s.prox_coef,
+    )
+    return _instructions(config, RecipeSpec(kind="noisy_model", noise_std=s.noise_std), training, clip=False)
+
+
+@functools.cache
+def _dp_fedsam_topk_client() -> TrainInstructions:
+    config = _config("strategy=dp_fedsam_topk", "privacy.placement=client", "privacy.sampling=fixed")
+    recipe = RecipeSpec(kind="topk_noisy", sparsity=config.strategy.sparsity)
+    return _instructions(config, recipe, local_training_config(config, "sam"))
+
+
+CASES: dict[str, Callable[[], TrainInstructions]] = {
+    "dp_fedavg": _dp_fedavg,
+    "dp_fedsam_client": _dp_fedsam_client_placement,
+    "asam": _asam,
+    "dp_fedavg_blur": _blur,
+    "noisy_fedprox": _noisy_fedprox,
+    "dp_fedsam_topk_client": _dp_fedsam_topk_client,
+}
+
+
+def test_instructions_are_the_intended_recipes() -> None:
+    """The cases really are what their names say (else the equivalence tests below prove less)."""
+    ins = {name: make() for name, make in CASES.items()}
+    assert ins["dp_fedavg"].training.optimizer == "sgd" and not ins["dp_fedavg"].add_noise  # type: ignore[union-attr]
+    assert ins["dp_fedavg"].clip_norm > 0
+    assert ins["dp_fedsam_client"].training.optimizer == "sam" and ins["dp_fedsam_client"].add_noise  # type: ignore[union-attr]
+    assert ins["asam"].training.adaptive and ins["asam"].training.rho == 0.5  # type: ignore[union-attr]
+    assert ins["dp_fedavg_blur"].recipe.blur_coef > 0 and ins["dp_fedavg_blur"].clip_norm > 0
+    noisy = ins["noisy_fedprox"]
+    assert noisy.training is None and noisy.noisy_training is not None and noisy.noisy_training.prox_coef > 0
+    assert noisy.noisy_training.schedule == "cyclic" and noisy.recipe.kind == "noisy_model" and noisy.clip_norm == 0
+    topk = ins["dp_fedsam_topk_client"]
+    assert topk.recipe.kind == "topk_noisy" and topk.add_noise and 0 < topk.recipe.sparsity < 1
+    assert topk.expected_clients == 3.0
+
+
+# ----- helpers --------------------------------------------------------------------------------------------------------
+
+
+def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    assert [np.shape(x) for x in a] == [np.shape(y) for y in b]
+    return max(
+        float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64)))) for x, y in zip(a, b, strict=True)
+    )
+
+
+def _per_client_path(
+    weights: list[np.ndarray], ins: TrainInstructions, pids: Sequence[int]
+) -> tuple[list[np.ndarray], dict[int, list[np.ndarray]], dict[int, dict]]:
+    """DPClient.fit per partition, the float64 sum in partition order, and each client's update and metrics."""
+    sent: dict[int, list[np.ndarray]] = {}
+    metrics: dict[int, dict] = {}
+    record = ins.to_config_record()
+    for pid in sorted(pids):
+        update, num_examples, m = DPClient(pid).fit([w.copy() for w in weights], dict(record))
+        sent[pid], metrics[pid] = update, {**m, "num_examples": num_examples}
+    total = mech.uniform_sum([sent[pid] for pid in sorted(pids)], [w.shape for w in weights])
+    return total, sent, metrics
+
+
+def _assert_metrics_match(result: CohortResult, metrics: dict[int, dict]) -> None:
+    assert result.accepted == sorted(metrics)
+    for j, pid in enumerate(result.accepted):
+        want = metrics[pid]
+        for key in ("pre_clip_norm", "train_loss"):
+            got = result.metrics[key][j]
+            assert math.isclose(got, want[key], rel_tol=1e-5, abs_tol=1e-7), (pid, key, got, want[key])
+        assert result.metrics["num_steps"][j] == want["num_steps"], pid
+        assert result.metrics["train_accuracy"][j] == want["train_accuracy"], pid
+    assert result.num_examples == sum(m["num_examples"] for m in metrics.values())
+
+
+# ----- both engines = the per-client path -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_engines_match_the_per_client_path(
+    case: str, global_weights: list[np.ndarray], float64: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ins = CASES[case]()
+    total, sent, metrics = _per_client_path(global_weights, ins, PIDS)
+    training = ins.training
+    steps = [3] * 3 if training is None else [training.epochs * math.ceil(SIZES[p] / training.batch_size) for p in PIDS]
+    assert [metrics[pid]["num_steps"] for pid in PIDS] == steps
+    results: dict[str, CohortResult] = {}
+    for engine in ("sequential", "vectorized"):
+        recorder = _record(monkeypatch)
+        result = train_cohort(global_weights, ins, PIDS, [""] * len(PIDS), engine)  # type: ignore[arg-type]
+        results[engine] = result
+        assert result.rejected == {"failed": [], "nonfinite": [], "shape": []}
+        assert result.reclipped == 0
+        assert all(t.dtype == np.float64 for t in result.total)
+        # Each client's update, as its recipe sends it, is the per-client path's.
+        assert sorted(recorder.sent) == sorted(PIDS)
+        for pid in PIDS:
+            diff = _max_diff(recorder.sent[pid], sent[pid])
+            assert diff <= ATOL, f"{engine}: client {pid} differs by {diff:.3g}"
+        diff = _max_diff(result.total, total)
+        assert diff <= ATOL, f"{engine}: sum differs by {diff:.3g}"
+        _assert_metrics_match(result, metrics)
+    assert _max_diff(results["sequential"].total, results["vectorized"].total) <= ATOL
+    # Sanity: the updates are not all zero, and the clipped recipes really clipped (‖Δ‖ > C before).
+    assert mech.global_l2_norm(total) > 1e-3
+    if ins.clip_norm > 0:
+        assert min(m["pre_clip_norm"] for m in metrics.values()) > ins.clip_norm
+
+
+def test_blur_term_is_active_in_the_cohort(global_weights: list[np.ndarray]) -> None:
+    """With λ = 0 the clients' updates differ: the BLUR case above compares a term that does something."""
+    ins = _blur()
+    plain = dataclasses.replace(ins, recipe=dataclasses.replace(ins.recipe, blur_coef=0.0))
+    with_blur = train_cohort(global_weights, ins, PIDS, [""] * 3, "sequential")
+    without = train_cohort(global_weights, plain, PIDS, [""] * 3, "sequential")
+    assert _max_diff(with_blur.total, without.total) > 1e-4
+    assert max(with_blur.metrics["pre_clip_norm"]) < max(without.metrics["pre_clip_norm"])
+
+
+def test_sequential_engine_is_the_per_client_path_bit_for_bit_in_float32(global_weights: list[np.ndarray]) -> None:
+    """With the real (float32) model the sequential engine runs exactly DPClient's computation."""
+    numpy_client._model.cache_clear()
+    for make in (_dp_fedsam_client_placement, _noisy_fedprox):
+        ins = make()
+        total, _, metrics = _per_client_path(global_weights, ins, PIDS)
+        result = train_cohort(global_weights, ins, PIDS, [""] * 3, "sequential")
+        assert all(np.array_equal(a, b) for a, b in zip(result.total, total, strict=True))
+        for key in ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps"):
+            assert result.metrics[key] == [metrics[pid][key] for pid in sorted(PIDS)]
+
+
+def test_vectorized_engine_runs_the_real_float32_model(global_weights: list[np.ndarray]) -> None:
+    """The production dtype end to end: same clients accepted, same steps and examples as the per-client path."""
+    ins = _dp_fedavg()
+    _, _, metrics = _per_client_path(global_weights, ins, PIDS)
+    result = train_cohort(global_weights, ins, PIDS, [""] * 3, "vectorized")
+    assert result.accepted == sorted(PIDS)
+    assert result.metrics["num_steps"] == [metrics[pid]["num_steps"] for pid in sorted(PIDS)]
+    assert result.num_examples == sum(m["num_examples"] for m in metrics.values())
+    assert all(math.isfinite(v) for v in result.metrics["train_loss"])
+    assert mech.global_l2_norm(result.total) <= len(PIDS) * ins.clip_norm * (1 + 1e-6)
+
+
+def test_frozen_parameter_gets_a_zero_update_on_both_engines(
+    global_weights: list[np.ndarray], float64: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parameter with requires_grad=False is exchanged but not trained: Δ = 0 for it on either engine."""
+    model64 = numpy_client._model  # the float64 builder of the fixture
+
+    def frozen(name: str, dataset: str, device: str) -> nn.Module:
+        model = model64(name, dataset, device)
+        model.features[0].bias.requires_grad_(False)  # type: ignore[index]
+        return model
+
+    for module in (numpy_client, cohort):
+        monkeypatch.setattr(module, "_model", frozen)
+    ins, pids = _dp_fedavg(), [5, 4]
+    raw = {}
+    for engine in ("sequential", "vectorized"):
+        recorder = _record(monkeypatch)
+        result = train_cohort(global_weights, ins, pids, ["", ""], engine)  # type: ignore[arg-type]
+        assert result.accepted == [4, 5]
+        raw[engine] = recorder.raw
+    for pid in pids:
+        assert not raw["vectorized"][pid][1].any() and not raw["sequential"][pid][1].any()  # features.0.bias
+        assert np.abs(raw["sequential"][pid][0]).max() > 1e-6
+        assert _max_diff(raw["sequential"][pid], raw["vectorized"][pid]) <= ATOL
+
+
+# ----- faults, screening, divergence ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_faults_are_rejected_client_by_client(
+    engine: str, global_weights: list[np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ins = _dp_fedavg()  # server placement: the worker re-clips every update to C, as the server would
+    pids = [2, 5, 4, 0, 8]
+    faults = ["raise", "nan", "wrong_shape", "huge_norm", ""]
+    recorder = _record(monkeypatch)
+    result = train_cohort(global_weights, ins, pids, faults, engine)  # type: ignore[arg-type]
+    assert result.rejected == {"failed": [2], "nonfinite": [5], "shape": [4]}
+    assert result.accepted == [0, 8]
+    assert result.reclipped == 1  # only the ×10⁶ update was over C
+    assert len(result.metrics["train_loss"]) == 2 and len(result.metrics["pre_clip_norm"]) == 2
+    assert result.num_examples == SIZES[0] + SIZES[8]
+    huge, _ = mech.clip_update(inject_fault("huge_norm", recorder.sent[0]), ins.clip_norm)
+    assert mech.global_l2_norm(huge) <= ins.clip_norm
+    expected = mech.uniform_sum([huge, recorder.sent[8]], [w.shape for w in global_weights])
+    assert _max_diff(result.total, expected) == 0.0
+    # Re-clipping the ×10⁶ update gives back (to rounding) the clipped update the client would have sent.
+    assert _max_diff(huge, recorder.sent[0]) <= ATOL
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+def test_huge_norm_alone_is_reclipped_to_c(engine: str, global_weights: list[np.ndarray]) -> None:
+    ins = _dp_fedavg()
+    result = train_cohort(global_weights, ins, [5, 0], ["huge_norm", "raise"], engine)  # type: ignore[arg-type]
+    assert result.accepted == [5] and result.rejected["failed"] == [0] and result.reclipped == 1
+    assert result.num_examples == SIZES[5]
+    assert mech.global_l2_norm(result.total) <= ins.clip_norm
+
+
+def test_client_placement_does_not_reclip(global_weights: list[np.ndarray]) -> None:
+    """In client placement the update carries noise and is not re-clipped (the server does not clip it either)."""
+    ins = _dp_fedsam_client_placement()
+    result = train_cohort(global_weights, ins, [5, 0], ["huge_norm", ""], "sequential")
+    assert result.accepted == [0, 5] and result.reclipped == 0
+    assert mech.global_l2_norm(result.total) > 1e3
+
+
+def _poison_partition(monkeypatch: pytest.MonkeyPatch, poisoned_id: int) -> None:
+    """Every image of partition ``poisoned_id`` gets an Inf pixel: its first step has a non-finite loss."""
+    real = numpy_client.client_data  # the float64 one where that fixture is active
+
+    def poisoned(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = real(spec, partition_id)
+        if partition_id == poisoned_id:
+            x = x.clone()
+            x[:, 0, 14, 14] = math.inf
+        return x, y
+
+    monkeypatch.setattr(numpy_client, "client_data", poisoned)
+    monkeypatch.setattr(cohort, "client_data", poisoned)
+
+
+@pytest.mark.parametrize("engine", ["sequential", "vectorized"])
+@pytest.mark.parametrize("case", ["dp_fedsam_client", "noisy_fedprox"])
+def test_diverging_client_is_dropped_alone(
+    engine: str,
+    case: str,
+    global_weights: list[np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Partition 2 diverges; the others are what they are in a cohort without it.
+
+    The sequential engine trains each client on its own, so there the others are equal bit for bit in float32; the
+    vectorized engine stacks a different cohort, so it is compared in float64 (module docstring)."""
+    if engine == "vectorized":
+        request.getfixturevalue("float64")
+    ins = CASES[case]()
+    clean = train_cohort(global_weights, ins, [5, 4], ["", ""], engine)  # type: ignore[arg-type]
+    _poison_partition(monkeypatch, 2)
+    with pytest.raises(LocalTrainingDivergedError):
+        DPClient(2).fit([w.copy() for w in global_weights], dict(ins.to_config_record()))
+    result = train_cohort(global_weights, ins, PIDS, ["", "", ""], engine)  # type: ignore[arg-type]
+    assert result.rejected == {"failed": [2], "nonfinite": [], "shape": []}
+    assert result.accepted == clean.accepted == [4, 5]
+    assert result.metrics["num_steps"] == clean.metrics["num_steps"]
+    assert result.num_examples == clean.num_examples == SIZES[4] + SIZES[5]
+    if engine == "sequential":
+        assert all(np.array_equal(a, b) for a, b in zip(result.total, clean.total, strict=True))
+        assert result.metrics == clean.metrics
+    else:
+        assert _max_diff(result.total, clean.total) <= ATOL
+        for key in ("pre_clip_norm", "train_loss"):
+            assert np.allclose(result.metrics[key], clean.metrics[key], rtol=1e-5, atol=0)
+
+
+def test_fault_list_must_match_the_cohort(global_weights: list[np.ndarray]) -> None:
+    with pytest.raises(ValueError, match="fault"):
+        train_cohort(global_weights, _dp_fedavg(), [5, 4], [""], "sequential")
