@@ -523,14 +523,16 @@ class FederatedStrategy(Strategy):
         one its message carried, wrong shapes or dtypes, NaN/Inf anywhere, or a norm that overflows rejects it.
         """
         if reply.has_error():
-            return "failed", reply.error.reason[:300]
+            return "failed", str(reply.error.reason or "")[:300]
         try:
             update = reply.content["arrays"].to_numpy_ndarrays()
             sent = reply.content["metrics"]
+            if not isinstance(sent, MetricRecord):  # a ConfigRecord could smuggle bools, strings or bytes
+                raise TypeError("metrics must be a MetricRecord")
             metrics = {k: float(sent[k]) for k in REQUIRED_CLIENT_METRICS}
             metrics.update({k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent})
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            return "malformed", f"missing or non-numeric field ({exc!r})"
+        except Exception as exc:  # anything a client can send (undecodable arrays, wrong record types) is its fault
+            return "malformed", f"missing or non-numeric field ({type(exc).__name__})"
         if metrics["partition_id"] != partition_id:  # NaN, ±Inf, fractions and other partitions all differ
             return "malformed", f"reply claims partition {metrics['partition_id']}, its message carried another"
         if (kind := mech.screen_update(update, self._shapes)) is not None:
@@ -547,17 +549,19 @@ class FederatedStrategy(Strategy):
         the cohort it was sent, each partition once; the sum must have the model's shapes and be finite.
         """
         if reply.has_error():
-            return "failed", reply.error.reason[:300]
+            return "failed", str(reply.error.reason or "")[:300]
         try:
             total = reply.content["arrays"].to_numpy_ndarrays()
             sent = reply.content["metrics"]
+            if not isinstance(sent, MetricRecord):  # a ConfigRecord could smuggle bools, strings or bytes
+                raise TypeError("metrics must be a MetricRecord")
             accepted_ids = [float(v) for v in sent["cohort_ids"]]
             stats = {k: [float(v) for v in sent[k]] for k in COHORT_CLIENT_METRICS}
             rejected = {key: [float(v) for v in sent[key]] for key in COHORT_REJECTIONS}
             worker_reclipped = float(sent["reclipped"])
             stamps = {k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent}
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            return "malformed", f"cohort reply: missing or non-numeric field ({exc!r})"
+        except Exception as exc:  # anything a client can send (undecodable arrays, wrong record types) is its fault
+            return "malformed", f"cohort reply: missing or non-numeric field ({type(exc).__name__})"
         claimed = accepted_ids + [pid for ids_ in rejected.values() for pid in ids_]
         aligned = all(len(v) == len(accepted_ids) for v in stats.values())
         if sorted(claimed) != sorted(float(pid) for pid in ids) or not aligned:
