@@ -124,6 +124,27 @@ class SimulationConfig:
 
 
 @dataclass(frozen=True)
+class AuditConfig:
+    """Canary clients for a one-run privacy audit (docs/audit.md); ``canaries = 0`` switches it off."""
+
+    canaries: int = 0
+    #: Stream of the canaries' directions and memberships; None = the run's seed.
+    seed: int | None = None
+    #: Estimate and bound every this many rounds; 0 = after the last round only.
+    every: int = 0
+    #: A canary's update before clipping is canary_scale * C along its direction.
+    canary_scale: float = 1.0
+    confidence: float = 0.95
+    #: δ of the one-run lower bound (compared with the accountant's ε at the same δ); None = min(run δ, 0.01/K),
+    #: which keeps the bound's δ term 2Kδ (Steinke et al. Thm 5.2) at most 0.02.
+    lower_bound_delta: float | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.canaries > 0
+
+
+@dataclass(frozen=True)
 class FaultInjectionConfig:
     """Chaos testing: partitions whose client misbehaves on purpose (the server must cope; see README)."""
 
@@ -156,6 +177,7 @@ class AppConfig:
     privacy: PrivacyConfig
     simulation: SimulationConfig
     fault_injection: FaultInjectionConfig = FaultInjectionConfig()
+    audit: AuditConfig = AuditConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -219,6 +241,39 @@ def _known_keys(section: Mapping[str, Any], cls: type, prefix: str, extra: Itera
         raise ConfigError(
             f"unknown config key(s) {', '.join(where + k for k in unknown)}; known: {', '.join(sorted(allowed))}"
         )
+
+
+def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
+    _known_keys(section, AuditConfig, "audit")
+    p = "audit"
+    canaries = _integer(section, "canaries", p, 0) if "canaries" in section else 0
+    seed = _optional_integer(section, "seed", p, 0)
+    every = _integer(section, "every", p, 0) if "every" in section else 0
+    scale = _number(section, "canary_scale", p) if "canary_scale" in section else 1.0
+    _require(scale > 0, "audit.canary_scale", scale, "> 0")
+    confidence = _number(section, "confidence", p) if "confidence" in section else 0.95
+    _require(0.5 <= confidence < 1, "audit.confidence", confidence, "in [0.5, 1)")
+    if canaries:
+        _require(canaries >= 20, "audit.canaries", canaries, "0 (off) or >= 20 (half of them are the null)")
+        refusal = getattr(strategy, "audit_refusal", None)
+        _require(refusal is None, "audit.canaries", canaries, f"0 with this strategy: {refusal}")
+    bound_delta = section.get("lower_bound_delta")
+    _require(bound_delta is None or (_finite(bound_delta) and 0 < float(bound_delta) < 1), "audit.lower_bound_delta",
+             bound_delta, "delta in (0, 1) or null for min(privacy.delta, 0.01 / audit.canaries)")  # fmt: skip
+    return AuditConfig(
+        canaries=canaries,
+        seed=seed,
+        every=every,
+        canary_scale=scale,
+        confidence=confidence,
+        lower_bound_delta=None if bound_delta is None else float(bound_delta),
+    )
+
+
+def _strategy_class(section: Mapping[str, Any]) -> type:
+    """The class ``strategy._target_`` names (checked by :func:`_validate_strategy`)."""
+    module_name, _, class_name = str(section.get("_target_")).rpartition(".")
+    return getattr(importlib.import_module(module_name), class_name)
 
 
 def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
@@ -479,6 +534,7 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         privacy=_validate_privacy(raw["privacy"], dataset.num_clients),
         simulation=simulation,
         fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
+        audit=_validate_audit(raw.get("audit") or {}, _strategy_class(raw["strategy"])),
     )
 
 
@@ -512,7 +568,7 @@ def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
 # --- flwr run front door ---------------------------------------------------------------------------------------
 
 # Run-config keys (pyproject [tool.flwr.app.config]) that select a Hydra config group.
-GROUP_KEYS = ("strategy", "client", "dataset", "model", "privacy", "simulation")
+GROUP_KEYS = ("strategy", "client", "dataset", "model", "privacy", "simulation", "audit")
 # Run-config keys that set a top-level scalar of conf/config.yaml.
 SCALAR_KEYS = ("seed", "num_rounds", "eval_every", "population", "round_timeout", "checkpoint_every")
 

@@ -126,6 +126,8 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         final=final_metrics,
         **strategy.dp_guarantee(),
     )
+    if (audit := strategy.audit_report()) is not None:
+        meta["audit"] = audit
     write_json_atomic(output_dir / "run.json", meta)
     log(INFO, "Final: %s; %s", final_metrics, meta["dp_guarantee"])
     return result

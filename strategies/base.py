@@ -34,8 +34,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from dataclasses import dataclass, field, replace
+from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -48,8 +48,10 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
+from clients.recipes import privatize_update
 from clients.training import LocalTrainingConfig, NoisyLocalConfig
 from clients.vectorized import check_vectorizable
+from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint, save_checkpoint
 from fl_app.config import AppConfig, ConfigError
 from fl_app.data.partition import get_partition
@@ -58,6 +60,7 @@ from fl_app.instructions import (
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
     RecipeSpec,
+    TrainInstructions,
     local_training_config,
     make_train_instructions,
 )
@@ -108,6 +111,8 @@ class FederatedStrategy(Strategy):
     mask_sources: ClassVar[tuple[str, ...]] = ()
     #: Whether ``privacy.client_statistics=noisy`` can be accounted (needs the sampled-Gaussian accountant).
     supports_noisy_statistics: ClassVar[bool] = True
+    #: Why the strategy cannot run canary clients (``audit``), or None if it can (fl_app/config.py checks it).
+    audit_refusal: ClassVar[str | None] = None
 
     def __init__(self, config: AppConfig) -> None:
         self.config = config
@@ -175,6 +180,10 @@ class FederatedStrategy(Strategy):
         self._releases_logged = 0
         # Resolved against the grid in start() when the config says "auto".
         self.secure_noise: bool = config.privacy.secure_noise is True
+        self._instructions: TrainInstructions | None = None
+        #: The run's canary clients (``audit``; created in start()), and the latest evaluation of the audit.
+        self.canaries: CanaryAudit | None = None
+        self.audit_result: AuditResult | None = None
 
     def _check_cohort_engine(self) -> None:
         """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
@@ -377,7 +386,7 @@ class FederatedStrategy(Strategy):
         sampled = self.sample_clients(server_round)
         p = self.config.privacy
         self._round_mask = self.round_mask(server_round)
-        instructions = make_train_instructions(
+        self._instructions = make_train_instructions(
             self.config,
             server_round,
             recipe=self.client_recipe(),
@@ -387,7 +396,8 @@ class FederatedStrategy(Strategy):
             noise_multiplier=self.noise_multiplier if self.private else 0.0,
             expected_clients=self.expected_clients,
             secure_noise=self.secure_noise,
-        ).to_config_record()
+        )
+        instructions = self._instructions.to_config_record()
         self._sampled = len(sampled)
         self._awaiting = set(sampled.tolist())
         cohorts = self.plan_cohorts([int(pid) for pid in sampled.tolist()])
@@ -566,10 +576,11 @@ class FederatedStrategy(Strategy):
         aligned = all(len(v) == len(accepted_ids) for v in stats.values())
         if sorted(claimed) != sorted(float(pid) for pid in ids) or not aligned:
             return "malformed", f"cohort reply does not account for exactly its partitions {ids[:5]}..."
-        if not all(math.isfinite(v) for v in [*stats["pre_clip_norm"], worker_reclipped]) or min(
-            stats["pre_clip_norm"], default=0.0
-        ) < 0:
+        if not all(math.isfinite(v) for v in stats["pre_clip_norm"]) or min(stats["pre_clip_norm"], default=0.0) < 0:
             return "malformed", "cohort reply has non-finite or negative pre_clip_norm"
+        if not (worker_reclipped.is_integer() and 0 <= worker_reclipped <= len(accepted_ids)):
+            # NaN and ±Inf fail is_integer(); a count outside [0, k] would corrupt the published clip statistics.
+            return "malformed", f"cohort reply claims {worker_reclipped} re-clipped of {len(accepted_ids)} accepted"
         if (kind := mech.screen_update(total, self._shapes)) is not None:
             return kind, f"cohort {ids[:5]}... sent a sum with {kind} values"
         clients = [
@@ -627,15 +638,13 @@ class FederatedStrategy(Strategy):
                 self._log_rejection(server_round, kind, payload)
                 continue
             partition_id, update, metrics = payload
-            if self._round_mask is not None:
-                # The round's mask is public; whatever a client sent outside it is dropped.
-                update = mech.apply_mask(update, self._round_mask)
-            if self.server_clips:
-                # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
-                update, server_norm = mech.clip_update(update, p.clip_norm)
-                reclipped += int(server_norm > p.clip_norm * (1 + 1e-5))
+            update, was_reclipped = self.admit(update)
+            reclipped += was_reclipped
             contributions.append((partition_id, update, 1))
             clients.append((partition_id, metrics))
+        canaries = self.canary_updates(server_round)
+        # After every real client (ids M + i), adding nothing to the count of clients: m stays the real clients'.
+        contributions += [(self.num_clients + index, update, 0) for index, update in canaries]
 
         contributions.sort(key=lambda item: item[0])  # fixed summation order: same seed, same model
         clients.sort(key=lambda item: item[0])
@@ -668,6 +677,35 @@ class FederatedStrategy(Strategy):
             },
         }
         return RoundOutcome(new_weights=new_weights, stats=stats)
+
+    def admit(self, update: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+        """Step 5 for one screened update: the round's mask, the server's clip; (update, 1 if re-clipped)."""
+        if self._round_mask is not None:
+            # The round's mask is public; whatever a client sent outside it is dropped.
+            update = mech.apply_mask(update, self._round_mask)
+        if not self.server_clips:
+            return update, 0
+        # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
+        clip_norm = self.config.privacy.clip_norm
+        update, server_norm = mech.clip_update(update, clip_norm)
+        return update, int(server_norm > clip_norm * (1 + 1e-5))
+
+    def canary_updates(self, server_round: int) -> list[tuple[int, list[np.ndarray]]]:
+        """This round's canaries (``audit``) after the path a real client's update takes: the recipe's client
+        mechanisms (mask, clip; no noise of its own, so the round's noise stays the accounted σC/m), then
+        :meth:`admit`. Canaries are not counted in the number of clients (m, the top-up noise, statistics)."""
+        if self.canaries is None or self._instructions is None:
+            return []
+        # A canary's noise would raise the round's noise above the accounted one; the noise it "owes" in client
+        # placement is covered by the top-up, which counts real clients only.
+        instructions = replace(self._instructions, add_noise=False)
+        updates = []
+        for index in self.canaries.participants(server_round):
+            sent, _ = privatize_update(
+                self.canaries.update(index), instructions, self.num_clients + index, self._round_mask
+            )
+            updates.append((index, self.admit(sent)[0]))
+        return updates
 
     @property
     def client_clip_norm(self) -> float:
@@ -739,8 +777,20 @@ class FederatedStrategy(Strategy):
         if checkpoint_dir is not None and self.private:
             self._releases = ReleaseLog(checkpoint_dir)
             self._releases_logged = self._releases.count()
+        if self.config.audit.enabled:
+            self.canaries = CanaryAudit(
+                self.config.audit,
+                run_seed=self.config.seed,
+                sample_rate=p.sample_rate,
+                clip_norm=p.clip_norm,
+                delta=p.delta,
+                shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
+                directory=None if checkpoint_dir is None else checkpoint_dir / "audit",
+            )
         if resume_from is not None:
             self.load_state(resume_from.strategy_state, resume_from.strategy_arrays)
+            if self.canaries is not None:
+                self.canaries.load_state(resume_from.strategy_state, resume_from.strategy_arrays, resume_from.round)
             if self._releases is not None:
                 # Models released after the checkpoint was written: with CSPRNG noise each is a release of its own
                 # (the re-run rounds will release new ones); seeded noise re-releases exactly the same models.
@@ -775,6 +825,8 @@ class FederatedStrategy(Strategy):
             t_replies = time.perf_counter()
             outcome = self.aggregate(server_round, replies)
             t_aggregated = time.perf_counter()
+            if self.canaries is not None:
+                self.canaries.observe(server_round, self._global, outcome.new_weights)
             if self._releases is not None:
                 # Write-ahead: durable before the noisy model can leave the server (next broadcast, checkpoint).
                 self._releases.append(self.release(server_round))
@@ -787,6 +839,9 @@ class FederatedStrategy(Strategy):
             record["epsilon"] = self.epsilon() if self.private else None
             record["delta"] = p.delta if self.private else None
             record["noise_multiplier"] = self.noise_multiplier if self.private else None
+            every = self.config.audit.every
+            if self.canaries is not None and (server_round == num_rounds or (every and server_round % every == 0)):
+                record.update(self.evaluate_audit(server_round))
             if evaluate_fn is not None and (server_round % self.config.eval_every == 0 or server_round == num_rounds):
                 test_loss, test_acc = evaluate_fn(outcome.new_weights)
                 result.evaluate_metrics_serverapp[server_round] = MetricRecord(
@@ -801,7 +856,7 @@ class FederatedStrategy(Strategy):
             record["aggregate_s"] = t_aggregated - t_replies
             record["finished_unix"] = time.time()
             result.train_metrics_clientapp[server_round] = MetricRecord(
-                {k: v for k, v in record.items() if isinstance(v, (int, float)) and v is not None}
+                {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
             )
             if metrics is not None:
                 metrics.write(record)
@@ -812,15 +867,79 @@ class FederatedStrategy(Strategy):
                     checkpoint_dir,
                     Checkpoint(server_round, outcome.new_weights, state, self.config.to_raw(), state_arrays),
                 )
+        self.finish_audit(checkpoint_dir, num_rounds)
         return result
+
+    # ----- canary audit (docs/audit.md) -----------------------------------------------------------------------
+
+    def evaluate_audit(self, server_round: int) -> dict[str, Any]:
+        """Score the canaries after ``server_round``; a lower bound above the accountant's ε is a privacy bug."""
+        assert self.canaries is not None
+        epsilon = self.epsilon() if self.private else None
+        epsilon_at = self.accountant.get_epsilon if self.private and self.accountant is not None else None
+        self.audit_result = result = self.canaries.evaluate(server_round, epsilon_at)
+        log(
+            INFO,
+            "Audit after round %d: epsilon estimate %.3g (final model), %.3g (all iterates); lower bound %.3g; "
+            "accountant %s",
+            server_round,
+            result.estimate_final.epsilon,
+            result.estimate_iterates.epsilon,
+            result.lower_bound.epsilon,
+            "n/a" if epsilon is None else f"{epsilon:.4g}",
+        )
+        if result.violation:
+            log(
+                ERROR,
+                "PRIVACY VIOLATION: the one-run audit certifies epsilon >= %.4g (delta=%.3g) at %.0f%% confidence, "
+                "above the accountant's %.4g at that delta: a mechanism leaks more than the accountant says",
+                result.lower_bound.epsilon,
+                result.lower_bound.delta,
+                100 * self.config.audit.confidence,
+                result.accountant_epsilon_at_bound_delta,
+            )
+        return result.record()
+
+    def finish_audit(self, checkpoint_dir: Path | None, num_rounds: int) -> None:
+        """Evaluate the audit once more if the run stopped early, save ``audit.npz``, drop the kept deltas."""
+        if self.canaries is None:
+            return
+        if unscored := self.canaries.unscored_rounds():
+            self.evaluate_audit(unscored[-1])
+        if checkpoint_dir is not None and self.audit_result is not None:
+            self.canaries.save(checkpoint_dir / AUDIT_FILE, self.audit_result)
+        self.canaries.finish()
+
+    def audit_report(self) -> dict[str, Any] | None:
+        """``run.json``'s ``audit`` section (None when the run has no canaries)."""
+        if not self.config.audit.enabled:
+            return None
+        report: dict[str, Any] = {
+            "canaries": self.config.audit.canaries,
+            "canary_scale": self.config.audit.canary_scale,
+            "confidence": self.config.audit.confidence,
+        }
+        if self.canaries is not None:
+            report["inserted"] = int(self.canaries.inserted.sum())
+        if self.audit_result is not None:
+            report["after_round"] = self.audit_result.round
+            report["accountant_epsilon"] = self.audit_result.accountant_epsilon
+            report.update({k.removeprefix("audit_"): v for k, v in self.audit_result.record().items()})
+        return report
 
     # ----- checkpoint state ---------------------------------------------------------------------------------
 
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
-        """What a resumed run needs beyond the global model: the accountant and the previous global model."""
+        """What a resumed run needs beyond the global model: the accountant, the previous global model and the
+        canaries' scored statistics."""
         accountant = self.accountant.state_dict() if self.accountant is not None else None
         state = {"accountant": accountant, "releases_logged": self._releases_logged}
-        return state, {"previous_global": list(self._global)}
+        arrays = {"previous_global": list(self._global)}
+        if self.canaries is not None:
+            audit_state, audit_arrays = self.canaries.state()
+            state.update(audit_state)
+            arrays.update(audit_arrays)
+        return state, arrays
 
     def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
         if self.accountant is not None:

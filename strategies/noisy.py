@@ -27,6 +27,10 @@ class NoisyFedAvg(FederatedStrategy):
     private = True
     local_optimizer = "sgd"
     supports_noisy_statistics = False  # the GDP bound of seed 004 has no room for another release
+    audit_refusal = (
+        "Noisy-FedAvg/FedProx release noisy models with absolute noise on the whole model and no update clip; a "
+        "canary has no norm C to be held to and its ε is a GDP bound over local steps, not a per-round mechanism"
+    )
     algorithm: ClassVar[str] = "noisy_fedavg"
 
     def __init__(self, config: Any) -> None:

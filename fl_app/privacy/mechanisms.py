@@ -114,11 +114,12 @@ def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArray
     The norm is global over all tensors, never per tensor: per-tensor clipping (as in the released DP-FedSAM
     code) lets each of L tensors reach C, i.e. a sensitivity of C·√L instead of the accounted C.
 
-    The input is not modified; the output keeps each tensor's dtype. An update with norm ≤ C is returned as an
-    exact copy. For a clipped update the result satisfies ``global_l2_norm(result) <= clip_norm`` exactly,
-    also in float32: scaling by α = C/‖Δ‖ and rounding each coordinate to float32 can overshoot C by up to a
-    relative 2⁻²⁴, so the result is re-measured and, if needed, re-scaled with α shrunk by one float32 epsilon
-    at a time.
+    The input is not modified. An update with norm ≤ C is returned as an exact copy. For a clipped update the
+    result satisfies ``global_l2_norm(result) <= clip_norm`` exactly, also in float32: scaling by α = C/‖Δ‖ and
+    rounding each coordinate to float32 can overshoot C by up to a relative 2⁻²⁴, so the result is re-measured
+    and, if needed, re-scaled with α shrunk by one epsilon at a time. The result keeps each tensor's dtype when
+    the bound can be met in it; when it cannot (float16 coordinates scaled towards a tiny C land on subnormals,
+    whose rounding error is absolute, not relative), the whole update is clipped in float64 instead.
     """
     arrays = [np.asarray(tensor) for tensor in update]
     for tensor in arrays:
@@ -132,6 +133,17 @@ def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArray
     if norm <= clip_norm:
         return [tensor.copy() for tensor in arrays], norm
 
+    clipped = _scale_within(arrays, alpha, clip_norm)
+    if clipped is None and any(tensor.dtype != np.float64 for tensor in arrays):
+        clipped = _scale_within([tensor.astype(np.float64) for tensor in arrays], alpha, clip_norm)
+    if clipped is None:
+        raise FloatingPointError(f"could not clip update of norm {norm} below {clip_norm}, not even in float64")
+    return clipped, norm
+
+
+def _scale_within(arrays: Sequence[np.ndarray], alpha: float, clip_norm: float) -> NDArrays | None:
+    """The tensors scaled by α (or slightly less) in their own dtypes with global norm ≤ ``clip_norm``, or None
+    when the dtypes cannot meet the bound within a few shrinking steps."""
     # The shrink step is the coarsest epsilon among the dtypes present, so one step moves every dtype's rounded
     # factor down by at least one ulp.
     step = max((float(np.finfo(tensor.dtype).eps) for tensor in arrays), default=float(np.finfo(np.float64).eps))
@@ -139,11 +151,12 @@ def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArray
     for _ in range(_MAX_CLIP_RETRIES):
         # Scaled in each tensor's own dtype (no float64 copy of the model) by the factor rounded down in that
         # dtype; the re-measurement below is what guarantees the bound.
-        clipped = [tensor * _round_down(factor, tensor.dtype) for tensor in arrays]
+        with np.errstate(under="ignore"):
+            clipped = [tensor * _round_down(factor, tensor.dtype) for tensor in arrays]
         if global_l2_norm(clipped) <= clip_norm:
-            return clipped, norm
+            return clipped
         factor *= 1.0 - step
-    raise FloatingPointError(f"could not clip update of norm {norm} below {clip_norm} in its dtype")
+    return None
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -115,6 +115,28 @@ def test_clip_large_update_float32() -> None:
     assert global_l2_norm(clipped) <= 0.2
 
 
+def test_clip_float16_towards_a_tiny_c_never_exceeds_it() -> None:
+    """Scaled towards C = 1e-6, float16 coordinates fall on subnormals, whose rounding error is absolute: in its
+    own dtype the bound cannot always be met (the clip raised FloatingPointError before). It must hold anyway."""
+    rng = np.random.default_rng(11)
+    promoted = 0
+    for _ in range(500):
+        clip_norm = float(10 ** rng.uniform(-9, -3))
+        update = [
+            (rng.standard_normal(12) * 10 ** rng.uniform(-3, 4)).astype(np.float16),
+            rng.standard_normal(5).astype(np.float16),
+        ]
+        clipped, norm = clip_update(update, clip_norm)
+        assert norm == global_l2_norm(update)
+        assert global_l2_norm(clipped) <= clip_norm
+        promoted += clipped[0].dtype == np.float64
+    assert promoted > 0  # the float64 fallback was exercised
+    # A pinned case: every float16 factor leaves the coordinates above C; float64 meets it.
+    clipped, _ = clip_update([np.full(3, 0.5, np.float16)], 1e-6)
+    assert clipped[0].dtype == np.float64
+    assert global_l2_norm(clipped) <= 1e-6
+
+
 def test_update_below_c_is_returned_bitwise_unchanged_as_a_copy() -> None:
     update = _random_update(np.random.default_rng(1), scale=1e-4)
     assert global_l2_norm(update) < 0.2

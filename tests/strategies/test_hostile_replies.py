@@ -204,6 +204,16 @@ def test_a_huge_but_finite_update_is_clipped_to_c_not_rejected() -> None:
     assert mech.global_l2_norm(outcome.new_weights) == pytest.approx(C / M, rel=1e-4)
 
 
+def test_a_float16_update_is_clipped_to_a_tiny_c_not_crashing_the_round() -> None:
+    """Scaled towards C = 1e-6, float16 coordinates land on subnormals; the clip raised FloatingPointError there."""
+    update = [np.full(SHAPES[0], 0.05, dtype=np.float16), np.zeros(SHAPES[1], dtype=np.float16)]
+    strategy = _strategy("privacy.clip_norm=1e-6")
+    messages = _configure(strategy, 1)
+    outcome = strategy.aggregate(1, [_message(messages[0], update, _metrics(_pid(messages[0]), update))])
+    assert outcome.stats["aggregated"] == 1 and outcome.stats["reclipped"] == 1
+    assert mech.global_l2_norm(outcome.new_weights) <= 1e-6 / M * (1 + 1e-6)
+
+
 # ----- (b) partition ids ------------------------------------------------------------------------------------------
 
 
@@ -464,6 +474,16 @@ def _honest_cohort(to: Message, norms: dict[int, float] | None = None) -> Messag
         pytest.param(lambda m: _message(m, _raw_array(b""), _cohort_metrics(_ids(m))), 0, id="array-without-bytes"),
         pytest.param(lambda m: _message(m, zeros(SHAPES), ConfigRecord({"cohort_ids": "x"})), 0, id="config-record"),
         pytest.param(lambda m: _from_node(_honest_cohort(m), 777), 1, id="foreign-node"),
+        pytest.param(
+            lambda m: _message(m, zeros(SHAPES), {**_cohort_metrics(_ids(m)), "reclipped": 10**6}),
+            0,
+            id="more-reclipped-than-clients",
+        ),
+        pytest.param(
+            lambda m: _message(m, zeros(SHAPES), {**_cohort_metrics(_ids(m)), "reclipped": -1}),
+            0,
+            id="negative-reclipped",
+        ),
     ],
 )
 def test_a_broken_cohort_reply_is_rejected_and_the_round_goes_on(
@@ -757,7 +777,7 @@ GROUP_COUNTER = {
 }
 COHORT_LIES = (
     "extra-id", "missing-id", "foreign-id", "duplicate-id", "fractional-id", "nan-id", "misaligned",
-    "bad-norm", "missing-key", "scalar-for-list", "list-for-scalar",
+    "bad-norm", "bad-reclipped", "missing-key", "scalar-for-list", "list-for-scalar",
 )  # fmt: skip
 
 
@@ -781,7 +801,7 @@ def _cohort_payload(draw: st.DrawFn, to: Message) -> tuple[Message, Fates]:
     metrics["pre_clip_norm"] = draw(st.lists(st.floats(0.0, 1e300), min_size=k, max_size=k))
     for key in ("train_loss", "train_accuracy", "num_steps"):
         metrics[key] = draw(st.lists(VALUES, min_size=k, max_size=k))  # NaN losses are averaged out, not fatal
-    metrics["reclipped"] = draw(st.floats(-1e300, 1e300))
+    metrics["reclipped"] = draw(st.integers(0, k))
     total = draw(UPDATES)
     lie = draw(st.one_of(st.just("none"), st.sampled_from(COHORT_LIES)))
     event(f"hostile cohort reply: lie={lie}")
@@ -811,6 +831,10 @@ def _cohort_payload(draw: st.DrawFn, to: Message) -> tuple[Message, Fates]:
             metrics["pre_clip_norm"][draw(st.integers(0, k - 1))] = bad
         else:
             metrics["reclipped"] = bad if math.isnan(bad) or math.isinf(bad) else math.nan
+    elif lie == "bad-reclipped":  # a count of re-clipped clients outside [0, k], fractional or not finite
+        metrics["reclipped"] = draw(
+            st.one_of(st.integers(k + 1, 10**9), st.integers(-(10**9), -1), st.sampled_from((0.5, math.nan, math.inf)))
+        )
     elif lie == "missing-key":
         del metrics[draw(st.sampled_from((*GROUPS, *COHORT_CLIENT_METRICS, "reclipped")))]
     elif lie == "scalar-for-list":

@@ -1,0 +1,271 @@
+"""Canary clients inside a run (fl_app/audit/canaries.py, strategies/base.py): the real ``start()`` loop with fake
+grids, a model of d = 20,000 parameters and no training, so that the released rounds are exactly the mechanism.
+
+Pins: canaries leave sampling, σ, m, the accountant and the real clients' contributions untouched; a canary takes
+the client mechanism path of its strategy; a mechanism that is broken on purpose inside the test (noise off while
+the accountant counts σ; the client clip skipped) is caught as a violation, and the correct one is not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message
+
+from clients.recipes import privatize_update
+from fl_app.audit.__main__ import main as audit_main
+from fl_app.audit.canaries import AUDIT_FILE
+from fl_app.checkpoint import load_checkpoint
+from fl_app.config import CONF_DIR, ConfigError, compose_config
+from fl_app.instructions import TrainInstructions
+from fl_app.privacy import audit as stats
+from fl_app.privacy import mechanisms as mech
+from strategies.base import FederatedStrategy
+from tests.helpers import FakeGrid, build, flat, reply, with_norm, zeros
+
+SHAPES: list[tuple[int, ...]] = [(100, 150), (5000,)]  # d = 20,000
+D = 20_000
+C = 0.2
+
+
+class HonestGrid(FakeGrid):
+    """Every sampled client answers a fixed update of norm 2C that depends only on (round, partition)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.round = 0
+
+    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"h{self.round}-{i}"
+        self.round += 1
+        pids = [int(m.content["config"]["partition_id"]) for m in messages]
+        self.sent.append(sorted(pids))
+        return [
+            reply(pid, with_norm(SHAPES, 2 * C, seed=1000 * self.round + pid), to=msg)
+            for pid, msg in zip(pids, messages, strict=True)
+        ]
+
+
+class ClientPathGrid(FakeGrid):
+    """Every sampled client sends a zero update through the real client path (clients/recipes.py): in client
+    placement that is where the noise is added."""
+
+    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"c{len(self.sent)}-{i}"
+        self.sent.append([])
+        replies = []
+        for msg in messages:
+            pid = int(msg.content["config"]["partition_id"])
+            self.sent[-1].append(pid)
+            sent, _ = privatize_update(zeros(SHAPES), TrainInstructions.from_config(msg.content["config"]), pid)
+            replies.append(reply(pid, sent, pre_clip_norm=0.0, to=msg))
+        return replies
+
+
+class CrashingGrid(FakeGrid):
+    """A zero-update grid whose ``crash_at``-th round never returns (the server process dies there)."""
+
+    def __init__(self, crash_at: int) -> None:
+        super().__init__()
+        self.crash_at = crash_at
+
+    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
+        if len(self.sent) + 1 == self.crash_at:
+            raise KeyboardInterrupt("killed")
+        return super().send_and_receive(messages, timeout)
+
+
+def _run(*overrides: str, grid: FakeGrid | None = None, rounds: int = 3, **kwargs: Any) -> FederatedStrategy:
+    strategy = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.5", *overrides)
+    result = strategy.start(grid or FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds, **kwargs)
+    strategy.final_weights = result.arrays.to_numpy_ndarrays()  # type: ignore[attr-defined]
+    return strategy
+
+
+# ----- config -----------------------------------------------------------------------------------------------------
+
+REFUSING = {"noisy_fedavg", "noisy_fedprox"}
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (CONF_DIR / "strategy").glob("*.yaml")))
+def test_every_strategy_accepts_canaries_or_refuses_them_with_one_message(name: str) -> None:
+    overrides = [f"strategy={name}", "audit=canaries"]
+    if name == "dp_fedsam_topk":
+        overrides.append("privacy.placement=server")
+    if name in REFUSING:
+        with pytest.raises(ConfigError, match=r"audit\.canaries=500: allowed 0 with this strategy: Noisy-FedAvg"):
+            compose_config(overrides)
+    else:
+        assert compose_config(overrides).audit.canaries == 500
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("audit.canaries=10", "audit.canaries"),
+        ("audit.canaries=-1", "audit.canaries"),
+        ("audit.canary_scale=0", "audit.canary_scale"),
+        ("audit.confidence=1.0", "audit.confidence"),
+        ("audit.every=-2", "audit.every"),
+        ("+audit.colour=red", "audit"),
+    ],
+)
+def test_bad_audit_values_fail_with_the_key_named(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        compose_config(["audit=canaries", override])
+
+
+# ----- canaries leave everything else untouched -------------------------------------------------------------------
+
+
+def test_canaries_change_neither_sampling_nor_sigma_m_epsilon_nor_the_real_clients_contribution() -> None:
+    plain_grid, audited_grid = HonestGrid(), HonestGrid()
+    plain = _run(grid=plain_grid)
+    audited = _run("audit=canaries", "audit.canaries=200", grid=audited_grid)
+    assert audited.canaries is not None and audited.audit_result is not None
+    assert plain_grid.sent == audited_grid.sent  # the same real clients, every round
+    assert audited.noise_multiplier == plain.noise_multiplier
+    assert audited.expected_clients == plain.expected_clients == 10.0
+    assert audited.epsilon() == plain.epsilon()
+    assert audited.audit_result.accountant_epsilon == plain.epsilon()
+    # Same seed, same noise, same real updates: the models differ by exactly the canaries' C·u_i / m.
+    canaries = [i for t in range(1, 4) for i in audited.canaries.participants(t)]
+    assert canaries, "no canary joined: the test would not test anything"
+    expected = sum(stats.canary_direction(audited.canaries.seed, i, D).astype(np.float64) * C / 10.0 for i in canaries)
+    difference = flat(audited.final_weights) - flat(plain.final_weights)
+    np.testing.assert_allclose(difference, expected, atol=1e-6)
+
+
+def test_canaries_join_with_probability_q_and_half_of_them_are_inserted() -> None:
+    strategy = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.25", "audit=canaries",
+                     "audit.canaries=2000")  # fmt: skip
+    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
+    audit = strategy.canaries
+    assert audit is not None
+    inserted = int(audit.inserted.sum())
+    assert abs(inserted - 1000) < 4 * math.sqrt(500)
+    joined = [len(audit.participants(t)) for t in range(1, 41)]
+    assert abs(np.mean(joined) / inserted - 0.25) < 0.01
+    assert all(set(audit.participants(t)) <= set(np.flatnonzero(audit.inserted)) for t in range(1, 5))
+    assert audit.participants(3) == audit.participants(3)  # a pure function of (seed, round)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "extra"),
+    [
+        ("dp_fedavg", ()),
+        ("dp_fedsam", ()),
+        ("dp_fedavg_blur", ()),
+        ("dp_fedavg_blurs", ()),
+        ("fed_smp_randk", ()),
+        ("fed_smp_topk", ()),
+        ("dp_fedsam_topk", ("privacy.placement=server",)),
+        ("dp_fedavg", ("privacy.placement=client", "privacy.sampling=fixed")),
+    ],
+)
+def test_a_canary_takes_the_client_mechanism_path_of_its_strategy(strategy: str, extra: tuple[str, ...]) -> None:
+    s = build(f"strategy={strategy}", "dataset.num_clients=20", "privacy.sample_rate=0.5", "audit=canaries",
+              "audit.canaries=40", "audit.canary_scale=10", *extra)  # fmt: skip
+    s.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
+    s.configure_train(2, ArrayRecord(zeros(SHAPES)), ConfigRecord(), FakeGrid())
+    updates = s.canary_updates(2)
+    assert updates
+    for index, update in updates:
+        assert mech.global_l2_norm(update) <= C  # canary_scale = 10: the clip cut it from 10C to C
+        raw = s.canaries.update(index)
+        assert mech.global_l2_norm(raw) == pytest.approx(10 * C, rel=1e-5)
+        if s._round_mask is not None:  # Fed-SMP: nothing outside the round's mask
+            outside = flat(mech.apply_mask(update, [~m for m in s._round_mask]))
+            assert not outside.any()
+        if strategy in ("fed_smp_topk", "dp_fedavg_blurs"):  # the canary's own top-k before the clip
+            kept = np.count_nonzero(flat(update)) / D
+            assert kept == pytest.approx(s.config.strategy.sparsity, abs=0.01)
+
+
+# ----- the audit catches a broken mechanism -----------------------------------------------------------------------
+
+AUDITED = ("dataset.num_clients=20", "privacy.sample_rate=0.5", "privacy.noise_multiplier=3", "privacy.delta=1e-5",
+           "audit=canaries", "audit.canaries=400")  # fmt: skip
+
+
+def test_the_correct_mechanism_is_not_a_violation() -> None:
+    """With zero real updates the rounds are the bare sampled Gaussian mechanism on the canaries: the worst case
+    for the audit. The lower bound stays below the accountant's ε; the estimates, from only 400 canaries, are
+    noisy (fitting two variances at small δ), so what must hold is that their intervals reach the accountant's ε,
+    not the point values (the bare-mechanism accuracy of the estimate is pinned in tests/privacy/test_audit.py)."""
+    strategy = _run(*AUDITED, rounds=5)
+    result = strategy.audit_result
+    assert result is not None and result.round == 5
+    assert not result.violation
+    assert result.lower_bound.delta == 1e-5  # min(δ, 0.01 / K)
+    assert result.accountant_epsilon_at_bound_delta == strategy.accountant.get_epsilon(1e-5)
+    assert result.lower_bound.epsilon <= result.accountant_epsilon_at_bound_delta
+    assert result.estimate_iterates.low <= result.accountant_epsilon
+    assert result.estimate_final.low <= result.accountant_epsilon
+
+
+def test_noise_switched_off_while_the_accountant_counts_sigma_is_a_violation(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(mech, "gaussian_noise_std", lambda *args, **kwargs: 0.0)
+    strategy = _run(*AUDITED, rounds=5)
+    result = strategy.audit_result
+    assert result is not None and result.violation
+    assert result.lower_bound.epsilon > result.accountant_epsilon
+    assert "PRIVACY VIOLATION" in caplog.text
+    assert strategy.audit_report()["violation"] is True
+
+
+def test_a_client_path_that_skips_the_clip_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Client placement (the server does not clip again), fixed-size sampling (replace-one: ε = 1.41 at σ = 10);
+    each canary claims an update of 100·C, which only the client clip holds to C."""
+    overrides = (*AUDITED, "privacy.placement=client", "privacy.sampling=fixed", "privacy.noise_multiplier=10",
+                 "audit.canary_scale=100")  # fmt: skip
+    assert not _run(*overrides, rounds=5, grid=ClientPathGrid()).audit_result.violation  # the clip holds it to C
+    monkeypatch.setattr("clients.recipes.mech.clip_update", lambda update, c: ([np.array(u) for u in update], 0.0))
+    result = _run(*overrides, rounds=5, grid=ClientPathGrid()).audit_result
+    assert result is not None and result.violation
+
+
+# ----- what the run writes, and resuming ----------------------------------------------------------------------------
+
+
+def test_audit_npz_recomputes_to_what_the_run_reported_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    strategy = _run(*AUDITED, rounds=3, checkpoint_dir=tmp_path)
+    assert (tmp_path / AUDIT_FILE).is_file()
+    assert not list((tmp_path / "audit").glob("delta_*.npy"))  # dropped once the audit is saved
+    assert audit_main([str(tmp_path)]) == 0
+    printed = json.loads(capsys.readouterr().out.split("\nwrote ")[0])
+    expected = {"round": 3, "accountant_epsilon": strategy.epsilon(), **strategy.audit_result.record()}
+    assert printed.pop("audit_violation") is expected.pop("audit_violation") is False
+    assert printed == pytest.approx(expected)
+    assert (tmp_path / "audit.png").stat().st_size > 10_000
+
+
+def test_audit_main_says_why_without_an_audit_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert audit_main([str(tmp_path)]) == 2
+    assert "audit.canaries=0" in capsys.readouterr().err
+
+
+def test_a_resumed_run_audits_like_an_uninterrupted_one(tmp_path: Path) -> None:
+    """Scored at round 2, checkpointed at 3, killed in round 5: the resume scores round 3 from its kept delta and
+    re-runs round 4 (seeded noise: the same release)."""
+    run = (*AUDITED, "audit.every=2", "checkpoint_every=3")
+    whole = _run(*run, rounds=5, checkpoint_dir=tmp_path / "whole")
+    first = tmp_path / "resumed"
+    with pytest.raises(KeyboardInterrupt):
+        _run(*run, rounds=5, checkpoint_dir=first, grid=CrashingGrid(crash_at=5))
+    checkpoint = load_checkpoint(first)
+    assert checkpoint is not None and checkpoint.round == 3
+    resumed = _run(*run, rounds=5, checkpoint_dir=first, resume_from=checkpoint)
+    assert resumed.audit_result is not None and whole.audit_result is not None
+    assert resumed.audit_result.record() == whole.audit_result.record()

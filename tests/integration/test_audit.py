@@ -1,0 +1,62 @@
+"""Canary audits in real Flower simulations, one per front door: DP-FedAvg through Hydra, DP-FedSAM through
+``flwr run`` against a real SuperLink. The one-run lower bound and the all-iterates estimate stay below the
+accountant's ε, and ``python -m fl_app.audit`` recomputes what the run reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.processes import ROOT, run_env, simulation_superlink
+from fl_app.metrics import read_metrics
+from tests.integration.conftest import SMALL, run_hydra
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+ROUNDS = 3
+AUDIT = ["audit.canaries=200", "privacy.delta=1e-5"]
+
+
+def _check(out: Path) -> dict:
+    meta = json.loads((out / "run.json").read_text())
+    audit = meta["audit"]
+    assert audit["canaries"] == 200 and audit["after_round"] == ROUNDS
+    assert audit["violation"] is False
+    assert audit["accountant_epsilon"] == pytest.approx(meta["epsilon"])
+    assert audit["eps_lower_bound"] <= meta["epsilon"]
+    assert audit["eps_estimate_iterates"] <= meta["epsilon"]
+    assert audit["eps_estimate_final"] <= meta["epsilon"]
+    last = read_metrics(out / "metrics.jsonl")[-1]
+    assert last["audit_eps_lower_bound"] == audit["eps_lower_bound"]
+    assert not list((out / "audit").glob("delta_*.npy"))
+    proc = subprocess.run([sys.executable, "-m", "fl_app.audit", str(out)], cwd=ROOT, env=run_env(out),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recomputed = json.loads(proc.stdout.split("\nwrote ")[0])
+    assert recomputed["audit_eps_lower_bound"] == pytest.approx(audit["eps_lower_bound"])
+    assert recomputed["audit_eps_estimate_iterates"] == pytest.approx(audit["eps_estimate_iterates"])
+    assert (out / "audit.png").is_file()
+    return audit
+
+
+def test_dp_fedavg_audit_through_hydra(short_tmp: Path) -> None:
+    proc = run_hydra(short_tmp, ["strategy=dp_fedavg", f"num_rounds={ROUNDS}", "audit=canaries", *AUDIT, *SMALL])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check(short_tmp / "out")
+
+
+def test_dp_fedsam_audit_through_flwr_run(short_tmp: Path) -> None:
+    out = short_tmp / "flwr_out"
+    run_config = f"num_rounds={ROUNDS} audit='canaries' overrides='{' '.join([*AUDIT, *SMALL])}' output_dir='{out}'"
+    with simulation_superlink(short_tmp) as (connection, env):
+        proc = subprocess.run(
+            ["flwr", "run", ".", connection, "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
+             "--run-config", run_config, "--stream"],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _check(out)
