@@ -59,6 +59,7 @@ import yaml
 from fl_app.metrics import read_metrics
 
 __all__ = [
+    "AUDIT_METRICS",
     "METRICS",
     "Cell",
     "ExpectedJob",
@@ -89,6 +90,13 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("train_accuracy", "train", "%"),
     ("gap", "gap", "pp"),
     ("epsilon", "ε", ""),
+)
+#: ``--audit`` adds the canary audit (run.json ``audit``; docs/audit.md): Andrew et al.'s estimates from the final
+#: model and from all iterates, and Steinke et al.'s one-run lower bound (at its own δ, see the run's audit section).
+AUDIT_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("audit_eps_estimate_final", "ε̂ final", ""),
+    ("audit_eps_estimate_iterates", "ε̂ iterates", ""),
+    ("audit_eps_lower_bound", "ε lower bound", ""),
 )
 # Overrides that differ between jobs without being an experimental factor.
 _NOT_FACTORS = frozenset({"seed", "output_dir", "resume"})
@@ -218,6 +226,9 @@ class RunRecord:
         return float(value) if _finite(value) else None
 
     def metric(self, name: str) -> float | None:
+        if name.startswith("audit_"):
+            value = (self.meta.get("audit") or {}).get(name.removeprefix("audit_"))
+            return float(value) if _finite(value) else None
         return getattr(self, name)
 
 
@@ -557,7 +568,7 @@ def format_cell(cell: Cell | None, metric: str) -> str:
         return "-"
     stat = _stat(values)
     assert stat.mean is not None
-    if metric == "epsilon":
+    if metric == "epsilon" or metric.startswith("audit_"):
         same = max(values) - min(values) <= 1e-9
         body = f"{stat.mean:.2f}" if same or stat.std is None else f"{stat.mean:.2f} ± {stat.std:.2f}"
         return body + (f" ({k}/{n} seeds)" if k < n else "")
@@ -604,26 +615,36 @@ def _rel(path: Path, root: Path) -> str:
     return rel or "."
 
 
-def to_markdown(report: Report, title: str | None = None, root: Path | None = None) -> str:
+def to_markdown(
+    report: Report,
+    title: str | None = None,
+    root: Path | None = None,
+    metrics: Sequence[tuple[str, str, str]] = METRICS,
+) -> str:
     """The table (one line per row value; per column group best / final / train / gap / ε) and the problem lines."""
     lines = [f"# {title}", ""] if title else []
     lines += [
         "Test accuracy in %, mean ± std over seeds (sample std; `(n=1)`: one seed). best = max over rounds "
         "(best-averaged); final = last evaluated round; train = last round's mean local training accuracy; "
-        "gap = train − final test (pp); ε = after the last round.",
+        "gap = train − final test (pp); ε = after the last round."
+        + (
+            " ε̂ = the canary audit's estimates, ε lower bound = its one-run bound (docs/audit.md)."
+            if len(metrics) > len(METRICS)
+            else ""
+        ),
         "",
     ]
     header = [report.row_key]
     for combo in report.combos:
         prefix = ", ".join(_combo_labels(report.col_keys, combo))
-        header += [f"{prefix} {label}" if prefix else label for _, label, _ in METRICS]
+        header += [f"{prefix} {label}" if prefix else label for _, label, _ in metrics]
     lines.append("| " + " | ".join(header) + " |")
     lines.append("|" + "---|" * len(header))
     for row in report.rows:
         cells = [row]
         for combo in report.combos:
             cell = report.cell(row, combo)
-            cells += [format_cell(cell, metric) for metric, _, _ in METRICS]
+            cells += [format_cell(cell, metric) for metric, _, _ in metrics]
         lines.append("| " + " | ".join(cells) + " |")
     n_ok = sum(r.ok for r in report.runs)
     n_bad = len(report.runs) - n_ok
@@ -634,7 +655,9 @@ def to_markdown(report: Report, title: str | None = None, root: Path | None = No
     return "\n".join(lines) + "\n"
 
 
-def write_csv(report: Report, out_dir: Path, root: Path | None = None) -> tuple[Path, Path]:
+def write_csv(
+    report: Report, out_dir: Path, root: Path | None = None, metrics: Sequence[tuple[str, str, str]] = METRICS
+) -> tuple[Path, Path]:
     """``table.csv`` (one row per cell × metric) and ``runs.csv`` (one row per run and per missing job)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     table_path, runs_path = out_dir / "table.csv", out_dir / "runs.csv"
@@ -642,7 +665,7 @@ def write_csv(report: Report, out_dir: Path, root: Path | None = None) -> tuple[
         w = csv.writer(fh)
         w.writerow([report.row_key, *report.col_keys, "metric", "unit", "mean", "std", *_COUNT_COLUMNS, "cell"])
         for cell in report.groups():
-            for metric, _, unit in METRICS:
+            for metric, _, unit in metrics:
                 stat = cell.stat(metric)
                 scale = 100.0 if unit in ("%", "pp") else 1.0
                 w.writerow(
@@ -887,6 +910,7 @@ def main(argv: list[str] | None = None) -> int:
         "--cols", nargs="*", default=None, help="column keys (default: every swept key but the row key and seed)"
     )
     parser.add_argument("--title", default=None, help="title line of table.md")
+    parser.add_argument("--audit", action="store_true", help="add the canary audit's columns (runs with canaries)")
     args = parser.parse_args(argv)
     root: Path = args.root
     if not root.is_dir():
@@ -899,9 +923,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     out_dir: Path = args.out or root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = to_markdown(report, args.title or f"Sweep {root}", root)
+    metrics = (*METRICS, *AUDIT_METRICS) if args.audit else METRICS
+    markdown = to_markdown(report, args.title or f"Sweep {root}", root, metrics)
     (out_dir / "table.md").write_text(markdown)
-    write_csv(report, out_dir, root)
+    write_csv(report, out_dir, root, metrics)
     try:
         plots = write_plots(report, out_dir)
     except ImportError as exc:

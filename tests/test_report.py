@@ -288,3 +288,25 @@ def test_expected_jobs_include_the_presets_sweeper_params_with_command_line_prec
         "scale": "cpu",
     }
     assert jobs[-1].overrides["strategy"] == "dp_fedsam" and jobs[-1].overrides["seed"] == 1
+
+
+def test_audit_columns_come_from_each_runs_audit_section(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--audit`` adds the canary audit's estimates and lower bound (run.json ``audit``), mean ± std over seeds;
+    a run without canaries shows "-"."""
+    audits = {0: (1.0, 2.0, 0.5), 1: (3.0, 4.0, 0.7)}
+    for seed, (final, iterates, bound) in audits.items():
+        _job(tmp_path, seed, ["strategy=dp_fedavg", f"seed={seed}"], _config("dp_fedavg", seed, 0.6), "completed",
+             _records(0.8, 0.8, 0.9, 2.0))  # fmt: skip
+        meta = json.loads((tmp_path / str(seed) / "run.json").read_text())
+        meta["audit"] = {"eps_estimate_final": final, "eps_estimate_iterates": iterates, "eps_lower_bound": bound}
+        (tmp_path / str(seed) / "run.json").write_text(json.dumps(meta))
+    _job(
+        tmp_path, 2, ["strategy=fedavg", "seed=0"], _config("fedavg", 0, 0.6), "completed", _records(0.8, 0.8, 0.9, 2.0)
+    )
+    assert main([str(tmp_path), "--audit", "--cols"]) == 0
+    markdown = capsys.readouterr().out
+    assert "ε̂ final | ε̂ iterates | ε lower bound |" in markdown
+    assert _row(markdown, "dp_fedavg").endswith("| 2.00 ± 1.41 | 3.00 ± 1.41 | 0.60 ± 0.14 |")
+    assert _row(markdown, "fedavg").endswith("| - | - | - |")
+    assert main([str(tmp_path), "--cols"]) == 0
+    assert "ε̂" not in capsys.readouterr().out
