@@ -49,9 +49,7 @@ ATOL = 1e-5
 ATOL64 = 1e-10  # float64 runs
 SIZES = (0, 5, 13, 32, 47)
 # With B = 8: ⌈n/8⌉ = 0, 1, 2, 4, 6 steps per epoch; 2 epochs give 0, 2, 4, 8, 12 steps, capped at 9 for n = 47.
-BASE = LocalTrainingConfig(
-    epochs=2, batch_size=8, lr=0.1, momentum=0.5, weight_decay=5e-3, lr_decay=0.9, max_steps=9
-)
+BASE = LocalTrainingConfig(epochs=2, batch_size=8, lr=0.1, momentum=0.5, weight_decay=5e-3, lr_decay=0.9, max_steps=9)
 SERVER_ROUND = 3  # η_t = 0.1 · 0.9² : the decay is applied
 OPTIMIZERS = {
     "sgd": {"optimizer": "sgd"},
@@ -106,8 +104,7 @@ def _data(
 ) -> Data:
     gen = torch.Generator().manual_seed(seed)
     return [
-        (torch.randn(n, *shape, generator=gen).to(dtype), torch.randint(0, classes, (n,), generator=gen))
-        for n in sizes
+        (torch.randn(n, *shape, generator=gen).to(dtype), torch.randint(0, classes, (n,), generator=gen)) for n in sizes
     ]
 
 
@@ -302,7 +299,12 @@ NOISY_SIZES = (0, 5, 13, 32)  # n = 5 < B: minibatches of b = min(B, n) = 5
 )
 def test_stacked_noisy_matches_train_local_noisy(schedule: str, prox_coef: float) -> None:
     config = NoisyLocalConfig(
-        steps=6, batch_size=8, lr=0.2, schedule=schedule, grad_clip=0.3, prox_coef=prox_coef  # type: ignore[arg-type]
+        steps=6,
+        batch_size=8,
+        lr=0.2,
+        schedule=schedule,
+        grad_clip=0.3,
+        prox_coef=prox_coef,  # type: ignore[arg-type]
     )
     model, data, seeds = _small_model(), _data(NOISY_SIZES, seed=4), _seeds(len(NOISY_SIZES))
     finals, results = train_stacked_noisy(model, data, config, SERVER_ROUND, _gens(seeds), CPU)

@@ -1,4 +1,7 @@
-"""Every algorithm runs 2 rounds under a real Flower simulation (one Hydra --multirun process for all of them)."""
+"""Every algorithm runs 2 rounds under a real Flower simulation (one Hydra --multirun process per group).
+
+DP-FedSAM, DP-FedAvg and FedAvg also run end to end in the default suite elsewhere (test_simulation.py,
+test_audit.py), so their runs here are marked slow; the default run covers the other eight."""
 
 from __future__ import annotations
 
@@ -20,17 +23,17 @@ STRATEGIES = sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml"))
 # fed_smp_topk as published: data-dependent top-k support; noisy_fedprox: Thm 4's argument does not hold as proven.
 NOT_COVERED = {"fed_smp_topk", "noisy_fedprox"}
 NON_PRIVATE = {"fedavg", "fedsam"}
+#: Run end to end by other default-suite tests (test_simulation.py: dp_fedsam, fedavg; test_audit.py: dp_fedavg).
+RUN_ELSEWHERE = ("dp_fedavg", "dp_fedsam", "fedavg")
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    tmp = tmp_path_factory.mktemp("all_algorithms")
+def _sweep(tmp: Path, strategies: list[str]) -> dict[str, Path]:
     cmd = [
         sys.executable,
         "-m",
         "fl_app.main",
         "--multirun",
-        f"strategy={','.join(STRATEGIES)}",
+        f"strategy={','.join(strategies)}",
         "num_rounds=2",
         *SMALL,
         f"hydra.sweep.dir={tmp / 'sweep'}",
@@ -44,13 +47,32 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return runs
 
 
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _sweep(tmp_path_factory.mktemp("algorithms"), [s for s in STRATEGIES if s not in RUN_ELSEWHERE])
+
+
+@pytest.fixture(scope="module")
+def sweep_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return _sweep(tmp_path_factory.mktemp("algorithms_elsewhere"), list(RUN_ELSEWHERE))
+
+
 def test_there_are_eleven_strategies() -> None:
     assert len(STRATEGIES) == 11
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("name", [s for s in STRATEGIES if s not in RUN_ELSEWHERE])
 def test_algorithm_runs_two_rounds_and_states_its_guarantee(sweep: dict[str, Path], name: str) -> None:
-    run = sweep[name]
+    _check(sweep[name], name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUN_ELSEWHERE)
+def test_algorithms_run_elsewhere_also_run_two_rounds_here(sweep_elsewhere: dict[str, Path], name: str) -> None:
+    _check(sweep_elsewhere[name], name)
+
+
+def _check(run: Path, name: str) -> None:
     meta = json.loads((run / "run.json").read_text())
     assert meta["status"] == "completed"
     records = read_metrics(run / "metrics.jsonl")

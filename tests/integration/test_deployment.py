@@ -68,7 +68,8 @@ def _tail(text: str, chars: int = 4000) -> str:
     return text[-chars:]
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls"])
+# Insecure deployments run in test_deployment_privacy.py and the SuperNode-dies test below; TLS only here.
+@pytest.mark.parametrize("tls", [pytest.param(False, marks=pytest.mark.slow), True], ids=["insecure", "tls"])
 def test_two_supernodes_train_dp_fedsam(short_tmp: Path, tls: bool) -> None:
     out = short_tmp / "out"
     run_config = deploy_run_config(out, NODES, num_rounds=2, overrides=SMALL_SIGMA)

@@ -99,6 +99,7 @@ def test_dp_fedsam_writes_metrics_run_metadata_and_model(dp_fedsam_run: Path) ->
     assert sum(model[k].size for k in model.files) == meta["num_parameters"] == 1_663_370
 
 
+@pytest.mark.slow  # determinism is also pinned by flwr run == Hydra and by SIGKILL + resume == uninterrupted
 def test_same_config_and_seed_give_the_same_metrics_and_model(dp_fedsam_run: Path, dp_fedsam_rerun: Path) -> None:
     first = read_metrics(dp_fedsam_run / "metrics.jsonl")
     second = read_metrics(dp_fedsam_rerun / "metrics.jsonl")
@@ -160,10 +161,11 @@ def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Pa
     ("override", "key"),
     [
         ("privacy.clip_norm=0", "privacy.clip_norm"),
-        ("privacy.noise_multiplier=-1", "privacy.noise_multiplier"),
-        ("privacy.sample_rate=1.5", "privacy.sample_rate"),
+        # Each key's range is pinned in tests/test_config.py; here, that a bad value stops the real entry point.
+        pytest.param("privacy.noise_multiplier=-1", "privacy.noise_multiplier", marks=pytest.mark.slow),
+        pytest.param("privacy.sample_rate=1.5", "privacy.sample_rate", marks=pytest.mark.slow),
         ("strategy=no_such_strategy", "strategy"),
-        ("simulation.cohort_size=0", "simulation.cohort_size"),
+        pytest.param("simulation.cohort_size=0", "simulation.cohort_size", marks=pytest.mark.slow),
         ("simulation.cohort_engine=gpu", "simulation.cohort_engine"),
     ],
 )
@@ -222,7 +224,9 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: P
     assert json.loads((out / "run.json").read_text())["resumed_after_round"] == checkpointed
 
 
-@pytest.mark.parametrize("cohort_size", ["1", "auto"])
+# Per-client replies (cohort_size=1, what deployments send) are screened through the real server path in
+# tests/strategies/test_hostile_replies.py; a node failing mid-run is test_deployment.py's.
+@pytest.mark.parametrize("cohort_size", [pytest.param("1", marks=pytest.mark.slow), "auto"])
 def test_faulty_clients_are_rejected_counted_and_the_rounds_complete(short_tmp: Path, cohort_size: str) -> None:
     """A client that raises, one that sends NaN, one with a huge unclipped update and one with wrong shapes: each
     rejected (or re-clipped) alone, by the server for per-client messages and inside the worker for a cohort."""

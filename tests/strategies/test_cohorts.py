@@ -108,7 +108,6 @@ def test_cohort_sums_aggregate_like_the_same_updates_sent_one_by_one(name):
     replies = [_reply(m, {p: updates[p] for p in c}) for m, c in zip(messages, _cohorts(messages), strict=True)]
     got = cohort.aggregate(1, replies)
 
-
     single = build(*overrides)
     prime(single, GLOBAL, sampled=len(sampled), partitions=sampled)
     want = single.aggregate(1, [reply(p, updates[p]) for p in sampled])
