@@ -16,7 +16,8 @@ the app is a real cross-check of the Flower plumbing, the sampling and the train
 
 Covers the dense, server-placement recipes: ``dp_fedavg``, ``dp_fedsam``, ``fedavg``, ``fedsam`` (for the
 non-private two the mean is over the updates, unclipped and noiseless), with plain SAM or ASAM
-(``client.adaptive``).
+(``client.adaptive``), and fixed or adaptive clipping (``privacy.clipping``; the bench's parallel and batched loops
+cover fixed clipping only).
 
 Threads: the loop runs torch on ``--threads`` threads and pins the native libraries' pools to match
 (:func:`fl_app.threads.limit_library_threads`: OpenMP to the torch thread count, NumPy's BLAS to 1). Without that,
@@ -47,8 +48,9 @@ from torch import nn
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
-from fl_app.instructions import STREAM_CLIENT_SHUFFLE, STREAM_SAMPLING, STREAM_SERVER_NOISE
+from fl_app.instructions import STREAM_ADAPTIVE_CLIP, STREAM_CLIENT_SHUFFLE, STREAM_SAMPLING, STREAM_SERVER_NOISE
 from fl_app.models import build_model_for_dataset, get_weights, set_weights
+from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.threads import library_thread_counts, limit_library_threads
 
@@ -110,13 +112,16 @@ def local_train(
             optimizer.step()
 
 
-def check_supported(config: AppConfig) -> tuple[bool, bool]:
-    """(uses SAM, private) for ``config``'s strategy; ValueError for what the reference loops do not cover."""
+def check_supported(config: AppConfig, adaptive_clipping: bool = False) -> tuple[bool, bool]:
+    """(uses SAM, private) for ``config``'s strategy; ValueError for what the reference loops do not cover
+    (adaptive clipping: this loop only, ``adaptive_clipping=True``)."""
     name = config.strategy.name
     if name not in SUPPORTED:
         raise ValueError(f"the baseline loop covers {sorted(SUPPORTED)}, not {name!r}")
     if config.privacy.placement != "server" or config.privacy.target_epsilon is not None:
         raise ValueError("the baseline loop covers privacy.placement=server with a given noise_multiplier")
+    if config.privacy.clipping == "adaptive" and not adaptive_clipping:
+        raise ValueError("this reference loop covers privacy.clipping=fixed (bench/baseline.py covers adaptive)")
     optimizer_kind, private = SUPPORTED[name]
     return optimizer_kind == "sam", private
 
@@ -166,18 +171,48 @@ def shuffle_generator(config: AppConfig, server_round: int, pid: int) -> torch.G
 
 
 def server_step(
-    config: AppConfig, weights: list[np.ndarray], average: list[np.ndarray], server_round: int, private: bool
+    config: AppConfig,
+    weights: list[np.ndarray],
+    average: list[np.ndarray],
+    server_round: int,
+    private: bool,
+    clip: AdaptiveClip | None = None,
 ) -> list[np.ndarray]:
-    """Add N(0, σ²C²/m²) from ``(seed, t, SERVER_NOISE)`` to the average (if private), then w ← w + η_g·avg."""
+    """Add N(0, σ²C²/m²) from ``(seed, t, SERVER_NOISE)`` to the average (if private), then w ← w + η_g·avg.
+    With adaptive clipping σ and C are ``clip``'s: the update's σ_Δ and the round's C_t."""
     p = config.privacy
     if private:
-        std = mech.gaussian_noise_std(p.noise_multiplier, p.clip_norm, denominator(config), "server")
+        sigma, clip_norm = (p.noise_multiplier, p.clip_norm) if clip is None else (clip.sigma, clip.clip_norm)
+        std = mech.gaussian_noise_std(sigma, clip_norm, denominator(config), "server")
         average = mech.add_gaussian_noise(average, std, mech.make_rng(config.seed, server_round, STREAM_SERVER_NOISE))
     eta = config.strategy.server_lr
     return [
         (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
         for w, a in zip(weights, average, strict=True)
     ]
+
+
+@dataclass
+class AdaptiveClip:
+    """Adaptive clipping in the loop (Andrew et al. 2021), with the app's pure functions: C_t, σ_Δ, σ_b."""
+
+    clip_norm: float
+    sigma: float
+    count_stddev: float
+
+    @classmethod
+    def of(cls, config: AppConfig) -> AdaptiveClip:
+        p = config.privacy
+        count_stddev = p.clipped_count_stddev or adaptive.default_clipped_count_stddev(denominator(config))
+        return cls(p.clip_norm, adaptive.update_noise_multiplier(p.noise_multiplier, count_stddev), count_stddev)
+
+    def step(self, config: AppConfig, norms: list[float], server_round: int) -> None:
+        """Release the round's noisy clipped fraction from ``(seed, t, ADAPTIVE_CLIP)`` and move C."""
+        p = config.privacy
+        rng = mech.make_rng(config.seed, server_round, STREAM_ADAPTIVE_CLIP)
+        bits = adaptive.clipped_bits(norms, self.clip_norm)
+        fraction = adaptive.noisy_clipped_fraction(bits, denominator(config), self.count_stddev, rng)
+        self.clip_norm = adaptive.next_clip_norm(self.clip_norm, fraction, p.target_quantile, p.clip_learning_rate)
 
 
 def run_baseline(
@@ -189,9 +224,10 @@ def run_baseline(
 
     Pins the native libraries' thread pools to torch's current thread count first (see the module docstring).
     """
-    use_sam, private = check_supported(config)
+    use_sam, private = check_supported(config, adaptive_clipping=True)
     limit_library_threads(torch.get_num_threads())
     d, p = config.dataset, config.privacy
+    clip = AdaptiveClip.of(config) if private and p.clipping == "adaptive" else None
     train, _ = load_dataset(d.name, d.data_dir, download=d.download)
     model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device)
     weights = get_weights(model)
@@ -200,21 +236,27 @@ def run_baseline(
     result = BaselineResult(weights=weights)
     for t in range(1, (config.num_rounds if num_rounds is None else num_rounds) + 1):
         t0 = time.perf_counter()
-        updates = []
+        updates, norms = [], []
+        clip_norm = p.clip_norm if clip is None else clip.clip_norm
         for pid in sampled_partitions(config, t):
             x, y = client_data(train, config, pid, device)
             if len(y) == 0:
                 updates.append([np.zeros(s, dtype=np.float32) for s in shapes])
+                norms.append(0.0)
                 continue
             set_weights(model, weights)
             local_train(model, x, y, config, t, use_sam, shuffle_generator(config, t, pid))
             update = [new - old for new, old in zip(get_weights(model), weights, strict=True)]
-            updates.append(mech.clip_update(update, p.clip_norm)[0] if private else update)
+            clipped, norm = mech.clip_update(update, clip_norm)
+            updates.append(clipped if private else update)
+            norms.append(norm)
         if private:
             average = mech.uniform_average(updates, m, shapes)
         else:
             average = mech.uniform_average(updates, max(len(updates), 1), shapes)
-        weights = server_step(config, weights, average, t, private)
+        weights = server_step(config, weights, average, t, private, clip)
+        if clip is not None:
+            clip.step(config, norms, t)
         result.round_seconds.append(time.perf_counter() - t0)
         result.clients_per_round.append(len(updates))
     result.weights = weights

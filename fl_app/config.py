@@ -103,6 +103,15 @@ class PrivacyConfig:
     client_statistics: Literal["auto", "raw", "noisy", "none"] = "auto"
     #: sigma_s of the noisy statistics (Gaussian on the clipped count, sensitivity 1); None = m / 20.
     statistics_noise_multiplier: float | None = None
+    #: fixed: C = clip_norm every round; adaptive: C_t follows the target_quantile of the update norms from
+    #: C_0 = clip_norm (Andrew et al. 2021; fl_app/privacy/adaptive_clipping.py).
+    clipping: Literal["fixed", "adaptive"] = "fixed"
+    #: adaptive: gamma, the quantile of the clients' update norms that C_t aims at.
+    target_quantile: float = 0.5
+    #: adaptive: eta_C of the geometric update C_{t+1} = C_t exp(-eta_C (unclipped fraction - gamma)).
+    clip_learning_rate: float = 0.2
+    #: adaptive: sigma_b, std of the noise on the clipped count; None = m / 20.
+    clipped_count_stddev: float | None = None
 
 
 @dataclass(frozen=True)
@@ -437,7 +446,38 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         secure_noise=_secure_noise(section),
         client_statistics=_choice(section, "client_statistics", p, ("auto", "raw", "noisy", "none")),  # type: ignore[arg-type]
         statistics_noise_multiplier=_statistics_sigma(section),
+        **_adaptive_clipping(section),
     )
+
+
+def _adaptive_clipping(section: Mapping[str, Any]) -> dict[str, Any]:
+    p = "privacy"
+    clipping = _choice(section, "clipping", p, ("fixed", "adaptive")) if "clipping" in section else "fixed"
+    quantile = _number(section, "target_quantile", p) if "target_quantile" in section else 0.5
+    _require(0 < quantile < 1, "privacy.target_quantile", quantile, "gamma in (0, 1)")
+    rate = _number(section, "clip_learning_rate", p) if "clip_learning_rate" in section else 0.2
+    _require(rate > 0, "privacy.clip_learning_rate", rate, "eta_C > 0")
+    stddev = section.get("clipped_count_stddev")
+    _require(stddev is None or (_finite(stddev) and float(stddev) > 0), "privacy.clipped_count_stddev", stddev,
+             "sigma_b > 0 or null for m / 20")  # fmt: skip
+    if clipping == "adaptive":
+        # The adaptive count *is* the published clipped fraction: a second statistics release would spend twice.
+        _require(section.get("statistics_noise_multiplier") is None, "privacy.statistics_noise_multiplier",
+                 section.get("statistics_noise_multiplier"),
+                 "null with clipping=adaptive (the clipped fraction released by adaptive clipping is the noisy "
+                 "statistic; its noise is privacy.clipped_count_stddev)")  # fmt: skip
+    return {
+        "clipping": clipping,
+        "target_quantile": quantile,
+        "clip_learning_rate": rate,
+        "clipped_count_stddev": None if stddev is None else float(stddev),
+    }
+
+
+def _check_adaptive_support(privacy: PrivacyConfig, strategy: type) -> None:
+    refusal = getattr(strategy, "adaptive_clipping_refusal", None)
+    if privacy.clipping == "adaptive" and refusal is not None:
+        raise _fail("privacy.clipping", "adaptive", f"fixed with this strategy: {refusal}")
 
 
 def _statistics_sigma(section: Mapping[str, Any]) -> float | None:
@@ -518,6 +558,10 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         # Each SuperNode owns one partition and trains only it: a cohort of several would need other nodes' data.
         _require(simulation.cohort_size in (1, "auto"), "simulation.cohort_size", simulation.cohort_size,
                  "1 or 'auto' with population=nodes (one client per SuperNode)")  # fmt: skip
+    strategy = _validate_strategy(raw["strategy"])
+    strategy_class = _strategy_class(raw["strategy"])
+    privacy = _validate_privacy(raw["privacy"], dataset.num_clients)
+    _check_adaptive_support(privacy, strategy_class)
     return AppConfig(
         seed=_top_int(raw, "seed", 0),
         num_rounds=_top_int(raw, "num_rounds", 1),
@@ -527,14 +571,14 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         checkpoint_every=_top_int(raw, "checkpoint_every", 0),
         resume=_optional_path(raw, "resume"),
         output_dir=output_dir,
-        strategy=_validate_strategy(raw["strategy"]),
+        strategy=strategy,
         client=_validate_client(raw["client"]),
         dataset=dataset,
         model=_validate_model(raw["model"]),
-        privacy=_validate_privacy(raw["privacy"], dataset.num_clients),
+        privacy=privacy,
         simulation=simulation,
         fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
-        audit=_validate_audit(raw.get("audit") or {}, _strategy_class(raw["strategy"])),
+        audit=_validate_audit(raw.get("audit") or {}, strategy_class),
     )
 
 

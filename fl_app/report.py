@@ -75,6 +75,7 @@ __all__ = [
     "missing_jobs",
     "plot_ablation",
     "plot_accuracy_vs_round",
+    "plot_clip_norm_vs_round",
     "plot_epsilon_vs_round",
     "plot_norm_histogram",
     "run_value",
@@ -785,6 +786,15 @@ def plot_epsilon_vs_round(report: Report, path: Path) -> Path:
     return _line_plot(report, "epsilon", 1.0, "ε", "Privacy loss ε per round (mean ± std over seeds)", path)
 
 
+def plot_clip_norm_vs_round(report: Report, path: Path) -> Path:
+    """C_t per round (adaptive clipping moves it; fixed clipping draws a flat line), mean ± std over seeds."""
+    return _line_plot(report, "clip_norm", 1.0, "C_t", "Clip norm C_t per round (mean ± std over seeds)", path)
+
+
+def _records_clip_norm(report: Report) -> bool:
+    return any("clip_norm" in rec for run in report.runs for rec in run.records)
+
+
 def plot_norm_histogram(report: Report, path: Path) -> Path:
     """Left: pooled pre-clip client update norms ‖Δ‖ (all rounds, seeds) per group; right: mean ‖Δ‖ per round."""
     plt = _pyplot()
@@ -881,6 +891,8 @@ def write_plots(report: Report, out_dir: Path) -> list[Path]:
         plot_epsilon_vs_round(report, out_dir / "epsilon_vs_round.png"),
         plot_norm_histogram(report, out_dir / "norm_histogram.png"),
     ]
+    if _records_clip_norm(report):
+        paths.append(plot_clip_norm_vs_round(report, out_dir / "clip_norm_vs_round.png"))
     if ablation_key(report) is not None:
         paths.append(plot_ablation(report, out_dir / "ablation.png"))
     return paths

@@ -56,6 +56,7 @@ from fl_app.checkpoint import Checkpoint, save_checkpoint
 from fl_app.config import AppConfig, ConfigError
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
+    STREAM_ADAPTIVE_CLIP,
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
@@ -66,6 +67,7 @@ from fl_app.instructions import (
 )
 from fl_app.metrics import MetricsWriter
 from fl_app.models import build_model_for_dataset
+from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
 from fl_app.releases import Release, ReleaseLog
@@ -113,6 +115,8 @@ class FederatedStrategy(Strategy):
     supports_noisy_statistics: ClassVar[bool] = True
     #: Why the strategy cannot run canary clients (``audit``), or None if it can (fl_app/config.py checks it).
     audit_refusal: ClassVar[str | None] = None
+    #: Why the strategy cannot clip adaptively (``privacy.clipping=adaptive``), or None if it can.
+    adaptive_clipping_refusal: ClassVar[str | None] = None
 
     def __init__(self, config: AppConfig) -> None:
         self.config = config
@@ -144,7 +148,7 @@ class FederatedStrategy(Strategy):
                     sampling=privacy.sampling,
                     population=self.num_clients,
                 )
-                if privacy.client_statistics == "noisy":
+                if privacy.client_statistics == "noisy" and privacy.clipping != "adaptive":
                     # The calibrated multiplier is the joint one; the update gets what the statistics leave.
                     try:
                         self.noise_multiplier = mech.update_noise_for_joint(
@@ -162,6 +166,23 @@ class FederatedStrategy(Strategy):
                     config.num_rounds,
                     privacy.accountant,
                 )
+        #: C_t, the clip norm of the coming round: privacy.clip_norm, or adaptive clipping's current value.
+        self.clip_norm = privacy.clip_norm
+        self.adaptive_clipping = self.private and privacy.clipping == "adaptive"
+        self.clipped_count_stddev = privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(
+            self.expected_clients
+        )
+        if self.adaptive_clipping:
+            # The configured (or calibrated) multiplier is the joint one of update + count (Andrew et al. Thm. 1).
+            try:
+                self.noise_multiplier = adaptive.update_noise_multiplier(
+                    self.noise_multiplier, self.clipped_count_stddev
+                )
+            except ValueError as exc:
+                raise ConfigError(
+                    f"invalid config value privacy.clipped_count_stddev={self.clipped_count_stddev:.4g}: {exc}; "
+                    "raise it (2 * clipped_count_stddev must exceed the noise multiplier)"
+                ) from exc
         self.population = Population(config.population, self.num_clients)
         self._check_cohort_engine()
         self._shapes: list[tuple[int, ...]] = []
@@ -234,6 +255,7 @@ class FederatedStrategy(Strategy):
             "accounted_noise_multiplier": self.accounted_noise_multiplier,
             "client_statistics": self.client_statistics_claim(),
             "clip_norm": p.clip_norm,
+            "clipping": self.clipping_claim(),
             "sample_rate": p.sample_rate,
             "expected_clients": self.expected_clients,
             "rounds_accounted": self.accountant.steps,
@@ -246,12 +268,32 @@ class FederatedStrategy(Strategy):
         """Why the accountant's ε does not cover this configuration (None = it does)."""
         return None
 
+    def clipping_claim(self) -> dict[str, Any]:
+        """How C was chosen (``run.json``): fixed, or adaptive with its parameters and the latest C."""
+        p = self.config.privacy
+        if not self.adaptive_clipping:
+            return {"mode": "fixed", "clip_norm": p.clip_norm}
+        return {
+            "mode": "adaptive (Andrew et al. 2021): the clipped fraction is released with noise clipped_count_stddev "
+            "on the centred count and accounted jointly with the update",
+            "initial_clip_norm": p.clip_norm,
+            "target_quantile": p.target_quantile,
+            "clip_learning_rate": p.clip_learning_rate,
+            "clipped_count_stddev": self.clipped_count_stddev,
+            "update_noise_multiplier": self.noise_multiplier,
+            "next_clip_norm": self.clip_norm,
+        }
+
     def client_statistics_claim(self) -> str:
         """What the published files say about clients, and whether ε covers it (``run.json``)."""
         mode = self.client_statistics
         if mode == "raw":
             return ("raw: per-client pre-clip norms, their statistics and mean local train loss/accuracy are "
                     "published unprotected; epsilon does not cover them")  # fmt: skip
+        if mode == "noisy" and self.adaptive_clipping:
+            sigma_b = self.clipped_count_stddev
+            return (f"noisy: only the clipped fraction released by adaptive clipping (sigma_b = {sigma_b:.4g} on "
+                    "the centred count), accounted jointly with the update")  # fmt: skip
         if mode == "noisy":
             sigma_s = self.statistics_noise_multiplier
             return (f"noisy: only the clipped fraction, through a Gaussian mechanism (sigma_s = {sigma_s:.4g} on the "
@@ -265,8 +307,9 @@ class FederatedStrategy(Strategy):
         if self.client_statistics == "raw":
             return stats
         public = {k: v for k, v in stats.items() if k not in CLIENT_DERIVED}
-        if self.client_statistics == "noisy":
-            clipped = sum(1 for norm in stats["client_norms"] if norm > self.config.privacy.clip_norm)
+        if self.client_statistics == "noisy" and not self.adaptive_clipping:
+            # (With adaptive clipping the clipped fraction is already released, accounted, in ``stats``.)
+            clipped = sum(1 for norm in stats["client_norms"] if norm > stats["clip_norm"])
             rng = self.round_rng(server_round, STREAM_STATISTICS)
             noisy = mech.noisy_count(clipped, self.statistics_noise_multiplier, rng)
             # The fixed denominator m, like the update average; the noisy value may leave [0, 1].
@@ -287,7 +330,11 @@ class FederatedStrategy(Strategy):
     @property
     def accounted_noise_multiplier(self) -> float:
         """The σ the accountant composes: the update's, or the joint one when noisy statistics are released too."""
-        if self.config.privacy.client_statistics != "noisy" or self.noise_multiplier == 0:
+        if self.noise_multiplier == 0:
+            return self.noise_multiplier
+        if self.adaptive_clipping:
+            return adaptive.joint_noise_multiplier(self.noise_multiplier, self.clipped_count_stddev)
+        if self.config.privacy.client_statistics != "noisy":
             return self.noise_multiplier
         return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics_noise_multiplier)
 
@@ -597,7 +644,6 @@ class FederatedStrategy(Strategy):
         log(WARNING, "Round %d: reply rejected (%s)%s", server_round, kind, detail)
 
     def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
-        p = self.config.privacy
         counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
         reclipped = received = 0
         # (first partition id, an update or a cohort's sum, the number of client updates in it)
@@ -627,8 +673,8 @@ class FederatedStrategy(Strategy):
                     total = mech.apply_mask(total, self._round_mask)
                 if self.server_clips:
                     # The worker re-clipped each client to C; a sum of k such updates is within k·C.
-                    total, norm = mech.clip_update(total, len(accepted) * p.clip_norm)
-                    reclipped += len(accepted) * int(norm > len(accepted) * p.clip_norm * (1 + 1e-5))
+                    total, norm = mech.clip_update(total, len(accepted) * self.clip_norm)
+                    reclipped += len(accepted) * int(norm > len(accepted) * self.clip_norm * (1 + 1e-5))
                 contributions.append((accepted[0][0], total, len(accepted)))
                 clients.extend(accepted)
                 continue
@@ -669,14 +715,32 @@ class FederatedStrategy(Strategy):
             "train_loss": _mean([m["train_loss"] for _, m in clients]),
             "train_accuracy": _mean([m["train_accuracy"] for _, m in clients]),
             # For the non-private references the statistics say what clipping at C would have done.
-            **mech.clipping_stats(norms, p.clip_norm),
+            **mech.clipping_stats(norms, self.clip_norm),
             "client_norms": norms,
             **{
                 f"first_{key}": min((m[key] for _, m in clients if key in m), default=math.nan)
                 for key in CLIENT_TIMESTAMPS
             },
         }
+        if self.private:
+            stats["clip_norm"] = self.clip_norm
+        if self.adaptive_clipping:
+            stats.update(self.adapt_clip_norm(server_round, norms))
         return RoundOutcome(new_weights=new_weights, stats=stats)
+
+    def adapt_clip_norm(self, server_round: int, norms: list[float]) -> dict[str, float]:
+        """Adaptive clipping after the round's aggregate: release the noisy clipped fraction of the aggregated
+        clients (bits computed here from their reported norms, so a client can only flip its own bit) and move C.
+        Canaries and rejected clients have no bit, as they have no part in the count of clients m."""
+        p = self.config.privacy
+        fraction = adaptive.noisy_clipped_fraction(
+            adaptive.clipped_bits(norms, self.clip_norm),
+            self.expected_clients,
+            self.clipped_count_stddev,
+            self.round_rng(server_round, STREAM_ADAPTIVE_CLIP),
+        )
+        self.clip_norm = adaptive.next_clip_norm(self.clip_norm, fraction, p.target_quantile, p.clip_learning_rate)
+        return {"fraction_clipped_noisy": fraction, "clip_norm_next": self.clip_norm}
 
     def admit(self, update: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
         """Step 5 for one screened update: the round's mask, the server's clip; (update, 1 if re-clipped)."""
@@ -686,7 +750,7 @@ class FederatedStrategy(Strategy):
         if not self.server_clips:
             return update, 0
         # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
-        clip_norm = self.config.privacy.clip_norm
+        clip_norm = self.clip_norm
         update, server_norm = mech.clip_update(update, clip_norm)
         return update, int(server_norm > clip_norm * (1 + 1e-5))
 
@@ -702,7 +766,7 @@ class FederatedStrategy(Strategy):
         updates = []
         for index in self.canaries.participants(server_round):
             sent, _ = privatize_update(
-                self.canaries.update(index), instructions, self.num_clients + index, self._round_mask
+                self.canaries.update(index, self.clip_norm), instructions, self.num_clients + index, self._round_mask
             )
             updates.append((index, self.admit(sent)[0]))
         return updates
@@ -710,7 +774,7 @@ class FederatedStrategy(Strategy):
     @property
     def client_clip_norm(self) -> float:
         """C the client clips its update to (0 = no update clipping)."""
-        return self.config.privacy.clip_norm if self.private else 0.0
+        return self.clip_norm if self.private else 0.0
 
     @property
     def server_clips(self) -> bool:
@@ -727,9 +791,9 @@ class FederatedStrategy(Strategy):
         p = self.config.privacy
         average = mech.uniform_average(updates, self.expected_clients, self._shapes)
         if p.placement == "server":
-            std = mech.gaussian_noise_std(self.noise_multiplier, p.clip_norm, self.expected_clients, "server")
+            std = mech.gaussian_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, "server")
         else:
-            std = mech.client_noise_topup_std(self.noise_multiplier, p.clip_norm, self.expected_clients, num_clients)
+            std = mech.client_noise_topup_std(self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients)
         average = mech.add_gaussian_noise(average, std, self._noise_rng(server_round))
         support = self.noise_support(updates)
         if support is not None:
@@ -933,7 +997,7 @@ class FederatedStrategy(Strategy):
         """What a resumed run needs beyond the global model: the accountant, the previous global model and the
         canaries' scored statistics."""
         accountant = self.accountant.state_dict() if self.accountant is not None else None
-        state = {"accountant": accountant, "releases_logged": self._releases_logged}
+        state = {"accountant": accountant, "releases_logged": self._releases_logged, "clip_norm": self.clip_norm}
         arrays = {"previous_global": list(self._global)}
         if self.canaries is not None:
             audit_state, audit_arrays = self.canaries.state()
@@ -944,6 +1008,8 @@ class FederatedStrategy(Strategy):
     def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
         if self.accountant is not None:
             self.accountant.load_state_dict(state["accountant"])
+        # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
+        self.clip_norm = float(state.get("clip_norm", self.config.privacy.clip_norm))
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self._global = list(arrays.get("previous_global", []))
 

@@ -31,6 +31,10 @@ class NoisyFedAvg(FederatedStrategy):
         "Noisy-FedAvg/FedProx release noisy models with absolute noise on the whole model and no update clip; a "
         "canary has no norm C to be held to and its ε is a GDP bound over local steps, not a per-round mechanism"
     )
+    adaptive_clipping_refusal = (
+        "Noisy-FedAvg/FedProx clip per-step gradients (strategy.grad_clip) and add absolute noise to the model; "
+        "there is no update clip norm C for adaptive clipping to move"
+    )
     algorithm: ClassVar[str] = "noisy_fedavg"
 
     def __init__(self, config: Any) -> None:

@@ -199,6 +199,7 @@ def test_report_table_csv_and_plots(sweep: Path, capsys: pytest.CaptureFixture[s
 
     for name in ("accuracy_vs_round.png", "epsilon_vs_round.png", "norm_histogram.png", "ablation.png"):
         assert (out / name).stat().st_size > 1000, name
+    assert not (out / "clip_norm_vs_round.png").exists()  # no run recorded C
 
 
 def test_all_failed_and_all_missing_cells(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -310,3 +311,20 @@ def test_audit_columns_come_from_each_runs_audit_section(tmp_path: Path, capsys:
     assert _row(markdown, "fedavg").endswith("| - | - | - |")
     assert main([str(tmp_path), "--cols"]) == 0
     assert "ε̂" not in capsys.readouterr().out
+
+
+def test_clip_norm_curves_are_plotted_when_runs_record_c(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    _multirun(root, ["strategy=dp_fedavg", "seed=0,1", "privacy.clipping=fixed,adaptive"])
+    num = 0
+    for seed in (0, 1):
+        for clipping in ("fixed", "adaptive"):
+            records = _records(0.5, 0.5, 0.6, 1.0)
+            for t, record in enumerate(records):
+                record["clip_norm"] = 0.05 if clipping == "fixed" else 0.05 * 1.6**t
+            overrides = ["strategy=dp_fedavg", f"seed={seed}", f"privacy.clipping={clipping}"]
+            _job(root, num, overrides, _config("dp_fedavg", seed, 0.6), "completed", records)
+            num += 1
+    out = tmp_path / "out"
+    assert main([str(root), "--out", str(out), "--cols", "privacy.clipping"]) == 0
+    assert (out / "clip_norm_vs_round.png").stat().st_size > 1000

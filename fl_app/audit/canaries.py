@@ -121,11 +121,11 @@ class CanaryAudit:
         joins = make_rng(self.seed, AUDIT_DRAWS, PARTICIPATION, server_round).random(self.config.canaries)
         return [int(i) for i in np.flatnonzero(self.inserted & (joins < self.sample_rate))]
 
-    def update(self, index: int) -> list[np.ndarray]:
-        """Canary ``index``'s update before the mechanism: ``canary_scale · C · u_i`` in the model's shapes."""
-        flat = stats.canary_direction(self.seed, index, self.size) * np.float32(
-            self.config.canary_scale * self.clip_norm
-        )
+    def update(self, index: int, clip_norm: float | None = None) -> list[np.ndarray]:
+        """Canary ``index``'s update before the mechanism: ``canary_scale · C · u_i`` in the model's shapes, with
+        the round's C (adaptive clipping moves it; default: the C the audit was created with)."""
+        scale = self.config.canary_scale * (self.clip_norm if clip_norm is None else clip_norm)
+        flat = stats.canary_direction(self.seed, index, self.size) * np.float32(scale)
         return _unflatten(flat, self.shapes)
 
     def observe(self, server_round: int, before: list[np.ndarray], after: list[np.ndarray]) -> None:

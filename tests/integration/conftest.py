@@ -3,15 +3,20 @@ SuperLink process on 127.0.0.1), each with its own Ray temp dir and Flower home,
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.processes import ROOT, run_env
+from bench.processes import ROOT, kill_processes_mentioning, run_env, simulation_superlink
+from fl_app.checkpoint import load_checkpoint
+from fl_app.metrics import read_metrics
 
 # A small Fashion-MNIST setting: 50 clients over the first 6000 training images (120 each), 2000 test images,
 # q = 0.2 (about 10 clients a round).
@@ -40,3 +45,77 @@ def run_hydra(tmp: Path, overrides: list[str], timeout: float = 600) -> subproce
 def short_tmp() -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="dpfs", dir="/tmp") as d:
         yield Path(d)
+
+
+def start_and_kill_when(
+    tmp: Path, overrides: list[str], ready: Callable[[Path], bool], what: str, timeout: float = 300
+) -> Path:
+    """Run ``python -m fl_app.main <overrides>`` into tmp/out and SIGKILL its whole process tree (server, Ray) as
+    soon as ``ready(run dir)`` holds; returns the run dir. ``what`` names the awaited event in a timeout failure."""
+    out = tmp / "out"
+    env = run_env(tmp)
+    log_path = tmp / "killed.log"
+    cmd = [sys.executable, "-m", "fl_app.main", *overrides, f"output_dir={out}", f"hydra.run.dir={tmp / 'h1'}"]
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + timeout
+            while not ready(out):
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{what} did not happen in time"
+                time.sleep(0.02)
+            os.killpg(proc.pid, signal.SIGKILL)  # mid-run
+            proc.wait(timeout=30)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            kill_processes_mentioning(env["RAY_TMPDIR"])
+    return out
+
+
+def resume_run(tmp: Path, out: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m fl_app.main resume=<out>`` to the end."""
+    return subprocess.run(
+        [sys.executable, "-m", "fl_app.main", f"resume={out}", f"hydra.run.dir={tmp / 'h2'}"],
+        cwd=ROOT, env=run_env(tmp), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def _a_round_written(out: Path) -> bool:
+    metrics_path = out / "metrics.jsonl"
+    return metrics_path.exists() and bool(metrics_path.read_text().strip())
+
+
+def kill_after_a_round_then_resume(tmp: Path, overrides: list[str], rounds: int) -> tuple[Path, int]:
+    """Kill a run as soon as its first round's metrics line is written, resume it; (run dir, checkpointed round)."""
+    out = start_and_kill_when(tmp, overrides, _a_round_written, "a round")
+    done_before_kill = len(read_metrics(out / "metrics.jsonl"))
+    assert done_before_kill < rounds, "the run finished before it could be killed"
+    checkpointed = load_checkpoint(out).round if (out / "checkpoint.npz").exists() else 0
+    assert done_before_kill - checkpointed <= 1  # at most one round is redone
+    resumed = resume_run(tmp, out)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    return out, checkpointed
+
+
+def flwr_run_simulation(tmp: Path, run_config: str, num_supernodes: int = 2) -> subprocess.CompletedProcess[str]:
+    """``flwr run . --run-config <run_config>`` against a real ``--simulation`` SuperLink started in ``tmp``."""
+    with simulation_superlink(tmp) as (connection, env):
+        return subprocess.run(
+            [
+                "flwr",
+                "run",
+                ".",
+                connection,
+                "--federation-config",
+                f"num-supernodes={num_supernodes} client-resources-num-cpus=1",
+                "--run-config",
+                run_config,
+                "--stream",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )

@@ -4,20 +4,15 @@ counts every noisy model that ever left the server, the re-run rounds included."
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from bench.processes import ROOT, kill_processes_mentioning, run_env
 from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import read_metrics
 from fl_app.privacy.accounting import compute_epsilon
 from fl_app.releases import ReleaseLog
+from tests.integration.conftest import resume_run, start_and_kill_when
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -35,34 +30,14 @@ RUN = [
 
 
 def test_sigkill_between_checkpoints_then_resume_accounts_every_release(short_tmp: Path) -> None:
-    out = short_tmp / "out"
-    env = run_env(short_tmp)
-    log_path = short_tmp / "killed.log"
-    cmd = [sys.executable, "-m", "fl_app.main", *RUN, f"output_dir={out}", f"hydra.run.dir={short_tmp / 'h1'}"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 400
-            # Killed once round 5 is released: after the checkpoint of round 3, before that of round 6.
-            while len(ReleaseLog(out).read()) < 5:
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "round 5 did not finish in time"
-                time.sleep(0.02)
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            kill_processes_mentioning(env["RAY_TMPDIR"])
+    # Killed once round 5 is released: after the checkpoint of round 3, before that of round 6.
+    out = start_and_kill_when(short_tmp, RUN, lambda out: len(ReleaseLog(out).read()) >= 5, "round 5", timeout=400)
     released_before = [r.round for r in ReleaseLog(out).read()]
     assert released_before[:5] == [1, 2, 3, 4, 5] and len(released_before) <= 6
     checkpoint = load_checkpoint(out)
     assert checkpoint.round == 3
 
-    proc2 = subprocess.run(
-        [sys.executable, "-m", "fl_app.main", f"resume={out}", f"hydra.run.dir={short_tmp / 'h2'}"],
-        cwd=ROOT, env=run_env(short_tmp), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    proc2 = resume_run(short_tmp, out)
     assert proc2.returncode == 0, proc2.stdout[-3000:] + proc2.stderr[-3000:]
     releases = ReleaseLog(out).read()
     # Every release before the kill, then rounds 4..7 again: 4 and 5 (and 6, if it got out) left the server twice.

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,12 +12,10 @@ import pytest
 import torch
 
 from bench.baseline import run_baseline
-from bench.processes import ROOT, kill_processes_mentioning, run_env, simulation_superlink
-from fl_app.checkpoint import load_checkpoint
 from fl_app.config import compose_config
 from fl_app.metrics import ROUND_FIELDS, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
-from tests.integration.conftest import SMALL, run_hydra
+from tests.integration.conftest import SMALL, flwr_run_simulation, kill_after_a_round_then_resume, run_hydra
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -126,25 +120,7 @@ def test_dp_fedsam_learns_something(dp_fedsam_run: Path) -> None:
 def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Path, dp_fedsam_run: Path) -> None:
     out = short_tmp / "flwr_out"
     run_config = f"num_rounds={ROUNDS} overrides='{' '.join(SMALL)}' output_dir='{out}'"  # same config and seed
-    with simulation_superlink(short_tmp) as (connection, env):
-        proc = subprocess.run(
-            [
-                "flwr",
-                "run",
-                ".",
-                connection,
-                "--federation-config",
-                "num-supernodes=2 client-resources-num-cpus=1",
-                "--run-config",
-                run_config,
-                "--stream",
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    proc = flwr_run_simulation(short_tmp, run_config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert (out / "final_model.npz").exists(), proc.stdout[-3000:]
     # flwr run against a --simulation SuperLink is a simulation: seeded, reproducible noise (secure_noise=auto).
@@ -180,39 +156,7 @@ def test_invalid_config_fails_with_one_clear_message_before_ray(short_tmp: Path,
 
 
 def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: Path, dp_fedsam_run: Path) -> None:
-    out = short_tmp / "out"
-    env = run_env(short_tmp)
-    log_path = short_tmp / "killed.log"
-    cmd = [sys.executable, "-m", "fl_app.main", *DP_FEDSAM, f"output_dir={out}", f"hydra.run.dir={short_tmp / 'h1'}"]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            metrics_path = out / "metrics.jsonl"
-            while not (metrics_path.exists() and metrics_path.read_text().strip()):
-                assert proc.poll() is None, log_path.read_text()[-3000:]
-                assert time.monotonic() < deadline, "no round finished in time"
-                time.sleep(0.05)
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole server process tree, mid-run
-            proc.wait(timeout=30)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-            kill_processes_mentioning(env["RAY_TMPDIR"])
-    done_before_kill = len(read_metrics(out / "metrics.jsonl"))
-    assert done_before_kill < ROUNDS, "the run finished before it could be killed"
-    checkpointed = load_checkpoint(out).round if (out / "checkpoint.npz").exists() else 0
-    assert done_before_kill - checkpointed <= 1  # at most one round is redone
-
-    proc2 = subprocess.run(
-        [sys.executable, "-m", "fl_app.main", f"resume={out}", f"hydra.run.dir={short_tmp / 'h2'}"],
-        cwd=ROOT,
-        env=run_env(short_tmp),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc2.returncode == 0, proc2.stdout[-3000:] + proc2.stderr[-3000:]
+    out, checkpointed = kill_after_a_round_then_resume(short_tmp, DP_FEDSAM, ROUNDS)
     resumed = read_metrics(out / "metrics.jsonl")
     assert [r["round"] for r in resumed] == list(range(1, ROUNDS + 1))
     reference = read_metrics(dp_fedsam_run / "metrics.jsonl")
