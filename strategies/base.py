@@ -183,6 +183,17 @@ class FederatedStrategy(Strategy):
                     f"invalid config value privacy.clipped_count_stddev={self.clipped_count_stddev:.4g}: {exc}; "
                     "raise it (2 * clipped_count_stddev must exceed the noise multiplier)"
                 ) from exc
+            joint = self.accounted_noise_multiplier
+            if self.noise_multiplier > 1.25 * joint:
+                log(
+                    WARNING,
+                    "Adaptive clipping: the count's share leaves the update sigma=%.4g for a joint %.4g (+%.0f%% "
+                    "noise); raise privacy.clipped_count_stddev (now %.4g) to spend less of the budget on the count",
+                    self.noise_multiplier,
+                    joint,
+                    100 * (self.noise_multiplier / joint - 1),
+                    self.clipped_count_stddev,
+                )
         self.population = Population(config.population, self.num_clients)
         self._check_cohort_engine()
         self._shapes: list[tuple[int, ...]] = []

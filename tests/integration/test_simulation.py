@@ -155,6 +155,7 @@ def test_invalid_config_fails_with_one_clear_message_before_ray(short_tmp: Path,
     assert time.monotonic() - start < 60
 
 
+@pytest.mark.slow  # the same kill + resume with a C that moves every round: test_adaptive_clipping.py
 def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: Path, dp_fedsam_run: Path) -> None:
     out, checkpointed = kill_after_a_round_then_resume(short_tmp, DP_FEDSAM, ROUNDS)
     resumed = read_metrics(out / "metrics.jsonl")
