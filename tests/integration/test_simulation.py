@@ -117,6 +117,7 @@ def test_dp_fedsam_learns_something(dp_fedsam_run: Path) -> None:
     assert records[-1]["test_accuracy"] > 0.15  # above chance after 3 noisy rounds
 
 
+@pytest.mark.slow  # both front doors are also held equal by test_adaptive_clipping.py (C_t moving) and test_audit.py
 def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Path, dp_fedsam_run: Path) -> None:
     out = short_tmp / "flwr_out"
     run_config = f"num_rounds={ROUNDS} overrides='{' '.join(SMALL)}' output_dir='{out}'"  # same config and seed
