@@ -98,6 +98,9 @@ class PrivacyConfig:
     max_epsilon: float | None
     target_epsilon: float | None
     secure_noise: bool | Literal["auto"]
+    #: Seeded randomness (secure_noise=false) against a real SuperLink sends the seed to every sampled client, who
+    #: can then recompute the sampling and the server's noise: refused unless this is true (docs/PRIVACY.md).
+    allow_seeded_deployment: bool = False
     #: What metrics.jsonl, logs and run.json say about clients: raw | noisy | none | auto (raw in simulation,
     #: none against a real SuperLink). See docs/PRIVACY.md.
     client_statistics: Literal["auto", "raw", "noisy", "none"] = "auto"
@@ -444,6 +447,9 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         max_epsilon=None if max_eps is None else float(max_eps),
         target_epsilon=None if target is None else float(target),
         secure_noise=_secure_noise(section),
+        allow_seeded_deployment=(
+            _boolean(section, "allow_seeded_deployment", p) if "allow_seeded_deployment" in section else False
+        ),
         client_statistics=_choice(section, "client_statistics", p, ("auto", "raw", "noisy", "none")),  # type: ignore[arg-type]
         statistics_noise_multiplier=_statistics_sigma(section),
         **_adaptive_clipping(section),

@@ -20,6 +20,10 @@ from flwr.common.logger import log
 from fl_app.atomic import atomic_write
 from fl_app.privacy.mechanisms import CLIPPING_STATS_KEYS
 
+#: The operator's own per-round record of client counts (sampled, answered, rejected) when the run publishes no
+#: raw client statistics: outside ε, kept beside the published files but never to be published (docs/PRIVACY.md).
+OPERATOR_FILE = "operator_counts.jsonl"
+
 ROUND_FIELDS = (
     "round",
     "sampled",
@@ -79,6 +83,7 @@ class MetricsWriter:
     def __init__(self, output_dir: Path, num_rounds: int, progress: bool | None = None) -> None:
         self.output_dir = output_dir
         self.path = output_dir / "metrics.jsonl"
+        self.operator_path = output_dir / OPERATOR_FILE
         self.num_rounds = num_rounds
         output_dir.mkdir(parents=True, exist_ok=True)
         self._progress = None
@@ -102,11 +107,19 @@ class MetricsWriter:
 
     def truncate_after(self, last_round: int) -> None:
         """Drop the lines of rounds after ``last_round`` (a resumed run redoes them), atomically."""
-        if not self.path.exists():
-            return
-        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["round"] <= last_round]
-        with atomic_write(self.path) as fh:
-            fh.write("".join(line + "\n" for line in kept))
+        for path in (self.path, self.operator_path):
+            if not path.exists():
+                continue
+            lines = path.read_text().splitlines(keepends=True)
+            # A torn last line (killed mid-write) belongs to a round that is redone.
+            kept = [line for line in lines if line.endswith("\n") and json.loads(line)["round"] <= last_round]
+            with atomic_write(path) as fh:
+                fh.write("".join(kept))
+
+    def write_operator(self, record: Mapping[str, Any]) -> None:
+        """Append the round's client counts to the operator's own record (:data:`OPERATOR_FILE`)."""
+        with self.operator_path.open("a") as fh:
+            fh.write(json.dumps(_jsonable(dict(record))) + "\n")
 
     def write(self, record: Mapping[str, Any]) -> None:
         line = json.dumps(_jsonable(dict(record)), sort_keys=False)
@@ -141,10 +154,12 @@ def format_status(record: Mapping[str, Any]) -> str:
         value = record.get(key)
         return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
 
+    # Client counts are in the record only when the run publishes raw client statistics.
+    clients = f"clients {record['aggregated']}/{record['sampled']} | " if "sampled" in record else ""
     return (
         f"test acc {fmt('test_accuracy', '.4f')} | test loss {fmt('test_loss', '.4f')} | "
         f"train acc {fmt('train_accuracy', '.4f')} | eps {fmt('epsilon', '.3f')} | "
-        f"clients {record.get('aggregated', 0)}/{record.get('sampled', 0)} | {fmt('wall_time_s', '.1f')}s"
+        f"{clients}{fmt('wall_time_s', '.1f')}s"
     )
 
 

@@ -27,12 +27,12 @@ from clients.numpy_client import resolve_device
 from clients.training import evaluate
 from fl_app.atomic import atomic_write
 from fl_app.checkpoint import load_checkpoint, resolve_resume
-from fl_app.config import AppConfig, compose_config, overrides_from_run_config
+from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
 from fl_app.data.datasets import load_dataset
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, get_weights, set_weights, weight_names
 from fl_app.threads import limit_library_threads
-from strategies.base import EvaluateFn, FederatedStrategy
+from strategies.base import EvaluateFn, FederatedStrategy, is_simulation
 
 RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"
 
@@ -68,6 +68,21 @@ def _save_model_atomic(path: Path, names: list[str], weights: list[np.ndarray]) 
         np.savez(fh, **dict(zip(names, weights, strict=True)))
 
 
+class RunFile:
+    """``<output_dir>/run.json``, true at every moment: rewritten atomically whenever what the run claims changes —
+    at start (settings resolved), after a resume's accounting, after every round's accounting (before that round's
+    model can leave the server), and at the end or on a failure. A run killed at any point leaves the ε of every
+    model that left the server, with ``status: running`` and the time of the last update."""
+
+    def __init__(self, path: Path, meta: dict[str, Any]) -> None:
+        self.path = path
+        self.meta = meta
+
+    def update(self, **fields: Any) -> None:
+        self.meta.update(fields, updated=dt.datetime.now().isoformat(timespec="seconds"))
+        write_json_atomic(self.path, self.meta)
+
+
 def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: bool | None = None) -> Result:
     """Run one federated training with ``config`` on ``grid``; write metrics, run metadata and the final model."""
     started_unix = time.time()
@@ -78,22 +93,30 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
     strategy = build_strategy(config)
     model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)
     initial = get_weights(model)
-    evaluate_fn = make_evaluate_fn(config)
     checkpoint = load_checkpoint(output_dir) if config.resume else None
-    meta: dict[str, Any] = {
-        "config": config.to_dict(),
-        "strategy": type(strategy).__name__,
-        "status": "running",
-        "started": dt.datetime.now().isoformat(timespec="seconds"),
-        # When the ServerApp began (seconds since the epoch; startup profiling in bench/).
-        "started_unix": started_unix,
-        "host": platform.node(),
-        "num_parameters": int(sum(w.size for w in initial)),
-        **strategy.dp_guarantee(),
-    }
+    run_file = RunFile(
+        output_dir / "run.json",
+        {
+            "config": config.to_dict(),
+            "strategy": type(strategy).__name__,
+            "status": "starting",
+            "started": dt.datetime.now().isoformat(timespec="seconds"),
+            # When the ServerApp began (seconds since the epoch; startup profiling in bench/).
+            "started_unix": started_unix,
+            "host": platform.node(),
+            "num_parameters": int(sum(w.size for w in initial)),
+        },
+    )
     if checkpoint is not None:
-        meta["resumed_after_round"] = checkpoint.round
-    write_json_atomic(output_dir / "run.json", meta)
+        run_file.meta["resumed_after_round"] = checkpoint.round
+    try:
+        # Every "auto" setting (noise and sampling source, client statistics) before anything is written.
+        strategy.resolve_settings(is_simulation(grid))
+    except ConfigError as exc:
+        run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
+    run_file.update(**strategy.dp_guarantee())
+    evaluate_fn = make_evaluate_fn(config)
     metrics = MetricsWriter(output_dir, config.num_rounds, progress=progress)
     if checkpoint is not None:
         metrics.truncate_after(checkpoint.round)
@@ -107,10 +130,11 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
             metrics=metrics,
             checkpoint_dir=output_dir,
             resume_from=checkpoint,
+            on_accounted=lambda s: run_file.update(status="running", **s.dp_guarantee()),
         )
     except BaseException as exc:
-        meta.update(status="failed", error=f"{type(exc).__name__}: {exc}")
-        write_json_atomic(output_dir / "run.json", meta)
+        # The ε of everything released before the failure, not the start's.
+        run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}", **strategy.dp_guarantee())
         raise
     finally:
         metrics.close()
@@ -118,7 +142,9 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
     _save_model_atomic(output_dir / "final_model.npz", weight_names(model), final)
     last_eval = result.evaluate_metrics_serverapp
     final_metrics = dict(last_eval[max(last_eval)]) if last_eval else {}
-    meta.update(
+    if (audit := strategy.audit_report()) is not None:
+        run_file.meta["audit"] = audit
+    run_file.update(
         status="stopped" if strategy.stop_reason else "completed",
         stop_reason=strategy.stop_reason,
         finished=dt.datetime.now().isoformat(timespec="seconds"),
@@ -126,10 +152,7 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         final=final_metrics,
         **strategy.dp_guarantee(),
     )
-    if (audit := strategy.audit_report()) is not None:
-        meta["audit"] = audit
-    write_json_atomic(output_dir / "run.json", meta)
-    log(INFO, "Final: %s; %s", final_metrics, meta["dp_guarantee"])
+    log(INFO, "Final: %s; %s", final_metrics, run_file.meta["dp_guarantee"])
     return result
 
 

@@ -65,18 +65,31 @@ from fl_app.instructions import (
     local_training_config,
     make_train_instructions,
 )
-from fl_app.metrics import MetricsWriter
+from fl_app.metrics import OPERATOR_FILE, MetricsWriter
 from fl_app.models import build_model_for_dataset
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
-from fl_app.releases import Release, ReleaseLog
+from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
 from strategies.population import Population, balance_cohorts
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
 REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
 #: Optional wall-clock stamps a client may send (startup profiling, bench/); the round keeps the earliest.
 CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
+#: Counts of clients per round (outside ε: under Poisson sampling the number of participants is part of what
+#: amplification assumes secret). Published only with ``client_statistics=raw``; otherwise they go to the
+#: operator's own record (``operator_counts.jsonl``, :data:`fl_app.metrics.OPERATOR_FILE`), never published.
+CLIENT_COUNTS = (
+    "sampled",
+    "received",
+    "aggregated",
+    "failed",
+    "rejected_malformed",
+    "rejected_nonfinite",
+    "rejected_shape",
+    "reclipped",
+)
 #: Round-record fields computed from individual clients' raw values (outside ε): published only with
 #: ``privacy.client_statistics=raw``.
 CLIENT_DERIVED = (
@@ -92,6 +105,9 @@ COHORT_CLIENT_METRICS = ("pre_clip_norm", "train_loss", "train_accuracy", "num_s
 COHORT_REJECTIONS = {"failed_ids": "failed", "nonfinite_ids": "nonfinite", "shape_ids": "shape"}
 
 EvaluateFn = Callable[[list[np.ndarray]], tuple[float, float]]
+#: Called with the strategy whenever what it has released and accounted changes (after a resume's accounting and
+#: after every round's, before the round's model can leave the server): the ServerApp rewrites run.json.
+AccountedFn = Callable[["FederatedStrategy"], None]
 
 
 @dataclass
@@ -128,7 +144,7 @@ class FederatedStrategy(Strategy):
             self.expected_clients = mech.expected_clients(self.num_clients, privacy.sample_rate)
         self.noise_multiplier = privacy.noise_multiplier
         self.accountant: PrivacyAccountant | None = None
-        # Resolved in start() when "auto" (raw in simulation, none against a real SuperLink).
+        # Resolved by resolve_settings() when "auto" (raw in simulation, none against a real SuperLink).
         self.client_statistics: str = privacy.client_statistics
         self.statistics_noise_multiplier = privacy.statistics_noise_multiplier or self.expected_clients / 20
         if privacy.client_statistics == "noisy" and not (self.private and self.supports_noisy_statistics):
@@ -210,12 +226,45 @@ class FederatedStrategy(Strategy):
         self.stop_reason: str | None = None
         self._releases: ReleaseLog | None = None
         self._releases_logged = 0
-        # Resolved against the grid in start() when the config says "auto".
+        # Resolved against the grid by resolve_settings() when the config says "auto".
         self.secure_noise: bool = config.privacy.secure_noise is True
+        self.settings_resolved = False
+        #: Releases this run has logged (and accounted), resumed ones included: run.json's ``rounds_released``.
+        self.rounds_released = 0
         self._instructions: TrainInstructions | None = None
         #: The run's canary clients (``audit``; created in start()), and the latest evaluation of the audit.
         self.canaries: CanaryAudit | None = None
         self.audit_result: AuditResult | None = None
+
+    def resolve_settings(self, simulation: bool) -> None:
+        """Resolve every setting that depends on where the run happens, once, before anything is published.
+
+        ``secure_noise=auto``: seeded streams in simulation (reproducible), the CSPRNG against a real SuperLink.
+        ``client_statistics=auto``: raw in simulation, none in deployment. Seeded randomness in a deployment sends
+        the seed to every sampled client (it re-derives the sampling and the server's noise from it): refused
+        unless ``privacy.allow_seeded_deployment``, and then loudly.
+        """
+        p = self.config.privacy
+        self._simulation = simulation
+        if p.secure_noise == "auto":
+            self.secure_noise = not simulation
+        if self.client_statistics == "auto":
+            self.client_statistics = "raw" if simulation else "none"
+        if not simulation and not self.secure_noise:
+            if not p.allow_seeded_deployment:
+                raise ConfigError(
+                    "invalid config value privacy.secure_noise=false against a real SuperLink: seeded randomness "
+                    "sends the seed to every sampled client, who can then recompute who was sampled and the "
+                    "server's noise (no privacy against clients); use secure_noise=auto or true, or set "
+                    "privacy.allow_seeded_deployment=true to run it anyway (docs/PRIVACY.md)"
+                )
+            log(
+                ERROR,
+                "SEEDED RANDOMNESS IN A DEPLOYMENT (privacy.allow_seeded_deployment=true): every sampled client "
+                "receives the seed and can recompute the sampling and the server's noise; the printed epsilon "
+                "does not hold against clients",
+            )
+        self.settings_resolved = True
 
     def _check_cohort_engine(self) -> None:
         """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
@@ -245,6 +294,9 @@ class FederatedStrategy(Strategy):
         """Where sampling, masks and noise come from (``run.json``: ``noise_source``, ``sampling_source``)."""
         if self.secure_noise:
             return "os-csprng"
+        if self.settings_resolved and not self._simulation:
+            return ("seeded-prng (DEPLOYMENT: the seed is sent to every sampled client, who can recompute the "
+                    "sampling and the server's noise; not private against clients)")  # fmt: skip
         return "seeded-prng (simulation; reproducible; private only while the seed stays secret)"
 
     def dp_guarantee(self) -> dict[str, Any]:
@@ -270,6 +322,8 @@ class FederatedStrategy(Strategy):
             "sample_rate": p.sample_rate,
             "expected_clients": self.expected_clients,
             "rounds_accounted": self.accountant.steps,
+            # Distinct noisy models that have left (or were logged to leave) the server, resumed runs included.
+            "rounds_released": self.rounds_released,
             "placement": p.placement,
             "noise_source": self.noise_source,
             "sampling_source": self.randomness_source,
@@ -299,25 +353,27 @@ class FederatedStrategy(Strategy):
         """What the published files say about clients, and whether ε covers it (``run.json``)."""
         mode = self.client_statistics
         if mode == "raw":
-            return ("raw: per-client pre-clip norms, their statistics and mean local train loss/accuracy are "
-                    "published unprotected; epsilon does not cover them")  # fmt: skip
+            return ("raw: per-client pre-clip norms, their statistics, mean local train loss/accuracy and the "
+                    "counts of sampled, answering and rejected clients are published unprotected; epsilon does not "
+                    "cover them")  # fmt: skip
         if mode == "noisy" and self.adaptive_clipping:
             sigma_b = self.clipped_count_stddev
             return (f"noisy: only the clipped fraction released by adaptive clipping (sigma_b = {sigma_b:.4g} on "
-                    "the centred count), accounted jointly with the update")  # fmt: skip
+                    "the centred count), accounted jointly with the update; no count of clients")  # fmt: skip
         if mode == "noisy":
             sigma_s = self.statistics_noise_multiplier
             return (f"noisy: only the clipped fraction, through a Gaussian mechanism (sigma_s = {sigma_s:.4g} on the "
-                    "count), accounted jointly with the update")  # fmt: skip
+                    "count), accounted jointly with the update; no count of clients")  # fmt: skip
         if mode == "none":
-            return "none: no client-derived value is published (counts of sampled and rejected clients aside)"
+            return ("none: no client-derived value and no count of clients is published (the counts are in the "
+                    "operator's operator_counts.jsonl, outside epsilon)")  # fmt: skip
         return "auto: raw in simulation, none against a real SuperLink"
 
     def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
         """The round's statistics as ``client_statistics`` allows them to be published."""
         if self.client_statistics == "raw":
             return stats
-        public = {k: v for k, v in stats.items() if k not in CLIENT_DERIVED}
+        public = {k: v for k, v in stats.items() if k not in CLIENT_DERIVED and k not in CLIENT_COUNTS}
         if self.client_statistics == "noisy" and not self.adaptive_clipping:
             # (With adaptive clipping the clipped fraction is already released, accounted, in ``stats``.)
             clipped = sum(1 for norm in stats["client_norms"] if norm > stats["clip_norm"])
@@ -353,13 +409,14 @@ class FederatedStrategy(Strategy):
         if self.accountant is not None:
             self.accountant.step(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
 
-    def release(self, server_round: int) -> Release:
-        """What this round's noisy model is, as a release (the write-ahead log's record)."""
+    def release(self, server_round: int, weights: list[np.ndarray]) -> Release:
+        """This round's noisy model ``weights`` as a release (the write-ahead log's record)."""
         return Release(
             round=server_round,
             noise_multiplier=float(self.accounted_noise_multiplier),
             sample_rate=float(self.config.privacy.sample_rate),
             randomness="os-csprng" if self.secure_noise else "seeded",
+            digest=model_digest(weights),
         )
 
     def account_release(self, release: Release) -> None:
@@ -649,10 +706,11 @@ class FederatedStrategy(Strategy):
         return "ok", (total, clients, rejections, int(worker_reclipped))
 
     def _log_rejection(self, server_round: int, kind: str, reason: str) -> None:
-        # A reason can name a partition (an error text a client wrote, a claimed id): logs are published, and who
-        # took part is secret unless the run publishes raw client statistics anyway.
-        detail = f": {reason}" if self.client_statistics == "raw" else ""
-        log(WARNING, "Round %d: reply rejected (%s)%s", server_round, kind, detail)
+        # Logs are published. A reason can name a partition (an error text a client wrote, a claimed id), and each
+        # line counts a client: only runs that publish raw client statistics log them; the others keep the counts
+        # in the operator's own record (operator_counts.jsonl).
+        if self.client_statistics == "raw":
+            log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, reason)
 
     def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
         counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
@@ -664,8 +722,8 @@ class FederatedStrategy(Strategy):
             ids = self.bind_reply(reply)
             if ids is None:
                 counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
-                log(WARNING, "Round %d: reply rejected (malformed): not the first answer to a message of this "
-                    "round from the node it went to", server_round)  # fmt: skip
+                self._log_rejection(server_round, "malformed", "not the first answer to a message of this round "
+                                    "from the node it went to")  # fmt: skip
                 continue
             received += len(ids)
             if self._cohort_mode:
@@ -830,18 +888,17 @@ class FederatedStrategy(Strategy):
         metrics: MetricsWriter | None = None,
         checkpoint_dir: Path | None = None,
         resume_from: Checkpoint | None = None,
+        on_accounted: AccountedFn | None = None,
     ) -> Result:
         """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`.
 
         With ``checkpoint_dir`` the state after every ``checkpoint_every``-th round (and the last) is saved
         atomically; ``resume_from`` continues after the checkpointed round with its model and accountant.
+        ``on_accounted`` is called after the resume's accounting and after every round's, before that round's model
+        can leave the server (the ServerApp keeps run.json true with it).
         """
-        if self.config.privacy.secure_noise == "auto":
-            # Simulation keeps reproducible seeded noise; a real deployment gets the CSPRNG.
-            self.secure_noise = not is_simulation(grid)
-        self._simulation = is_simulation(grid)
-        if self.client_statistics == "auto":
-            self.client_statistics = "raw" if self._simulation else "none"
+        if not self.settings_resolved:
+            self.resolve_settings(is_simulation(grid))
         self.summary()
         self.population.connect(grid, timeout)
         train_config = ConfigRecord() if train_config is None else train_config
@@ -852,6 +909,8 @@ class FederatedStrategy(Strategy):
         if checkpoint_dir is not None and self.private:
             self._releases = ReleaseLog(checkpoint_dir)
             self._releases_logged = self._releases.count()
+        # Rounds a resumed seeded run re-runs after they were released: {round: digests it may release again}.
+        repeatable: dict[int, set[str]] = {}
         if self.config.audit.enabled:
             self.canaries = CanaryAudit(
                 self.config.audit,
@@ -866,13 +925,16 @@ class FederatedStrategy(Strategy):
             self.load_state(resume_from.strategy_state, resume_from.strategy_arrays)
             if self.canaries is not None:
                 self.canaries.load_state(resume_from.strategy_state, resume_from.strategy_arrays, resume_from.round)
+            self.rounds_released = int(resume_from.strategy_state.get("releases_logged", resume_from.round))
             if self._releases is not None:
-                # Models released after the checkpoint was written: with CSPRNG noise each is a release of its own
-                # (the re-run rounds will release new ones); seeded noise re-releases exactly the same models.
+                # Models released after the checkpoint was written left the server: each counts now. A CSPRNG re-run
+                # releases a new model (counted again); a seeded re-run must repeat its logged model (same noise)
+                # or is refused before it leaves the server (fl_app/releases.py).
                 seen = int(resume_from.strategy_state.get("releases_logged", 0))
-                for release in self._releases.since(seen):
-                    if release.randomness == "os-csprng":
-                        self.account_release(release)
+                owed, repeatable = releases_to_account(self._releases.since(seen))
+                for release in owed:
+                    self.account_release(release)
+                self.rounds_released += len(owed)
             arrays = ArrayRecord(resume_from.weights)
             result.arrays = arrays
             first_round = resume_from.round + 1
@@ -884,8 +946,16 @@ class FederatedStrategy(Strategy):
                 checkpoint_dir,
                 Checkpoint(0, initial_arrays.to_numpy_ndarrays(), state, self.config.to_raw(), state_arrays),
             )
+        if self.client_statistics != "raw":
+            log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
+                "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
+        if on_accounted is not None:
+            on_accounted(self)
         for server_round in range(first_round, num_rounds + 1):
-            next_eps = self.projected_epsilon() if self.private and p.max_epsilon is not None else -math.inf
+            # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
+            repeat = self.private and not self.secure_noise and server_round in repeatable
+            guarded = self.private and p.max_epsilon is not None and not repeat
+            next_eps = self.projected_epsilon() if guarded else -math.inf
             if p.max_epsilon is not None and next_eps > p.max_epsilon:
                 self.stop_reason = (
                     f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} "
@@ -902,13 +972,25 @@ class FederatedStrategy(Strategy):
             t_aggregated = time.perf_counter()
             if self.canaries is not None:
                 self.canaries.observe(server_round, self._global, outcome.new_weights)
-            if self._releases is not None:
+            release = self.release(server_round, outcome.new_weights) if self.private else None
+            if repeat and release is not None and release.digest not in repeatable.pop(server_round):
+                raise ReleaseMismatchError(
+                    f"resumed run: re-run round {server_round} produced a model other than the one released for "
+                    "it before the crash, with the same seeded noise (the accepted replies differ); releasing it "
+                    "would publish a noise-free difference. Refused: nothing of it has left the server. Start a new "
+                    "run, or use privacy.secure_noise=true, under which a re-run draws fresh noise"
+                )
+            if self._releases is not None and release is not None:
                 # Write-ahead: durable before the noisy model can leave the server (next broadcast, checkpoint).
-                self._releases.append(self.release(server_round))
+                self._releases.append(release)
                 self._releases_logged += 1
             arrays = ArrayRecord(outcome.new_weights)
             result.arrays = arrays
-            self.account_round()
+            if not repeat:
+                self.account_round()
+                self.rounds_released += int(self.private)
+            if on_accounted is not None:
+                on_accounted(self)
             published = self.published_statistics(server_round, outcome.stats)
             record: dict[str, Any] = {"round": server_round, **published, **self.round_extras()}
             record["epsilon"] = self.epsilon() if self.private else None
@@ -935,6 +1017,10 @@ class FederatedStrategy(Strategy):
             )
             if metrics is not None:
                 metrics.write(record)
+                if self.client_statistics != "raw":
+                    metrics.write_operator(
+                        {"round": server_round, **{k: outcome.stats[k] for k in CLIENT_COUNTS if k in outcome.stats}}
+                    )
             every = self.config.checkpoint_every
             if checkpoint_dir is not None and every and (server_round % every == 0 or server_round == num_rounds):
                 state, state_arrays = self.state()

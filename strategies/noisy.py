@@ -123,6 +123,7 @@ class NoisyFedAvg(FederatedStrategy):
             "local_steps": s.local_steps,
             "smoothness_assumed": s.smoothness,
             "rounds_accounted": self._rounds,
+            "rounds_released": self.rounds_released,
             "noise_source": self.noise_source,
             "sampling_source": self.randomness_source,
             "client_statistics": self.client_statistics_claim(),

@@ -39,11 +39,14 @@ def build(*overrides: str) -> FederatedStrategy:
     """Compose conf/ with ``overrides`` and instantiate the configured strategy class.
 
     The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG and
-    ``client_statistics=auto`` would publish none; the tests pin the seeded streams and raw statistics unless they
-    set ``privacy.secure_noise`` / ``privacy.client_statistics`` themselves.
+    ``client_statistics=auto`` would publish none; the tests pin the seeded streams (allowed on such a grid, which
+    counts as a deployment) and raw statistics unless they set ``privacy.secure_noise`` /
+    ``privacy.client_statistics`` themselves.
     """
     if not any(o.startswith("privacy.secure_noise=") for o in overrides):
         overrides = (*overrides, "privacy.secure_noise=false")
+    if "privacy.secure_noise=false" in overrides and not any("allow_seeded_deployment" in o for o in overrides):
+        overrides = (*overrides, "privacy.allow_seeded_deployment=true")
     if not any(o.startswith("privacy.client_statistics=") for o in overrides):
         overrides = (*overrides, "privacy.client_statistics=raw")
     config = compose_config(list(overrides))

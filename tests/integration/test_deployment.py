@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.processes import BIN, ROOT, stop_process_group
-from fl_app.metrics import read_metrics
+from fl_app.metrics import OPERATOR_FILE, read_metrics
 from tests.integration.deploy import Deployment, deploy_run_config, deployment, flwr_run, start_flwr_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -58,6 +58,14 @@ def _assert_completed(out: Path, rounds: int, context: str) -> list[dict]:
     return records
 
 
+def _operator_counts(out: Path, rounds: int) -> list[dict]:
+    """The client counts of each round: in deployment (client_statistics none) only in the operator's record."""
+    counts = read_metrics(out / OPERATOR_FILE)
+    assert [c["round"] for c in counts] == list(range(1, rounds + 1))
+    assert not {"sampled", "aggregated", "failed"} & set(read_metrics(out / "metrics.jsonl")[0])  # not published
+    return counts
+
+
 def _assert_all_stopped(dep: Deployment) -> None:
     running = [p.args for p in dep.processes if p.poll() is None]
     assert not running, running
@@ -94,9 +102,9 @@ def test_two_supernodes_train_dp_fedsam(short_tmp: Path, tls: bool) -> None:
     context = f"flwr run:\n{_tail(proc.stdout)}\n{_tail(proc.stderr)}\n{dep.tails()}"
     assert proc.returncode == 0, context
     records = _assert_completed(out, rounds=2, context=context)
-    for r in records:
-        assert r["sampled"] == r["received"] == r["aggregated"] == NODES, (r, context)
-        assert r["failed"] == 0 and r["rejected_malformed"] == 0, (r, context)
+    for r, c in zip(records, _operator_counts(out, rounds=2), strict=True):
+        assert c["sampled"] == c["received"] == c["aggregated"] == NODES, (c, context)
+        assert c["failed"] == 0 and c["rejected_malformed"] == 0, (c, context)
         assert 0 <= r["test_accuracy"] <= 1
     link_log = dep.logs["superlink"].read_text(errors="replace")
     assert ("insecure HTTP server" in link_log) is not tls, _tail(link_log)
@@ -122,9 +130,10 @@ def test_run_completes_when_a_supernode_dies_mid_run(short_tmp: Path) -> None:
             stop_process_group(run)
     context = dep.tails()
     assert returncode == 0, context
-    records = _assert_completed(out, rounds=3, context=context)
-    assert records[0]["aggregated"] == NODES and records[0]["failed"] == 0, (records[0], context)
-    for r in records[1:]:
+    _assert_completed(out, rounds=3, context=context)
+    counts = _operator_counts(out, rounds=3)
+    assert counts[0]["aggregated"] == NODES and counts[0]["failed"] == 0, (counts[0], context)
+    for r in counts[1:]:
         # The dead node's message times out (round 2) or the SuperLink answers it with "Node Unavailable" once the
         # node missed its heartbeats (round 3); either way it counts as failed and the round completes without it.
         assert r["sampled"] == NODES, (r, context)

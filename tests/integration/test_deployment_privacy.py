@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.metrics import read_metrics
+from fl_app.metrics import OPERATOR_FILE, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
-from strategies.base import CLIENT_DERIVED
+from strategies.base import CLIENT_COUNTS, CLIENT_DERIVED
 from tests.integration.deploy import deployment, flwr_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -70,18 +70,22 @@ def test_sampling_is_secret_and_nothing_per_client_is_published(short_tmp: Path)
 
     for out, matrix in zip(outs, matrices, strict=True):
         records = read_metrics(out / "metrics.jsonl")
-        assert [r["round"] for r in records] == list(range(1, ROUNDS + 1))
-        for r in records:
+        counts = read_metrics(out / OPERATOR_FILE)  # the operator's own record, never published
+        assert [r["round"] for r in records] == [c["round"] for c in counts] == list(range(1, ROUNDS + 1))
+        for r, c in zip(records, counts, strict=True):
             # The server sent a message to exactly the nodes whose logs show one, and accounted Poisson(q).
-            assert r["sampled"] == sum(r["round"] in rounds for rounds in matrix), (r, matrix)
+            assert c["sampled"] == sum(r["round"] in rounds for rounds in matrix), (c, matrix)
             assert r["epsilon"] == pytest.approx(compute_epsilon(SIGMA, Q, r["round"], 1 / NODES), rel=1e-9)
-            assert not set(CLIENT_DERIVED) & set(r), r  # client_statistics: none, the deployment default
+            # client_statistics: none, the deployment default: no client-derived value, no count of clients.
+            assert not (set(CLIENT_DERIVED) | set(CLIENT_COUNTS)) & set(r), r
         meta = json.loads((out / "run.json").read_text())
         assert meta["sampling_source"] == meta["noise_source"] == "os-csprng"
         assert meta["sampling_event"] == "poisson" and meta["rounds_accounted"] == ROUNDS
         assert meta["client_statistics"].startswith("none")
         assert not set(CLIENT_DERIVED) & set(meta) and "client_norms" not in json.dumps(meta)
     for proc in procs:
-        assert "train acc - |" in proc.stdout + proc.stderr  # the progress line has no client-derived value
+        # The progress line has no client-derived value and no count of clients.
+        assert "train acc - |" in proc.stdout + proc.stderr
+        assert not re.search(r"clients \d+/\d+", proc.stdout + proc.stderr)
     for text in [*(p.stdout + p.stderr for p in procs), *logs.values()]:
         assert "pre_clip_norm" not in text and "client_norms" not in text

@@ -11,9 +11,10 @@ import pytest
 from flwr.app import ArrayRecord
 
 from fl_app.config import ConfigError
+from fl_app.metrics import OPERATOR_FILE, MetricsWriter, read_metrics
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
-from strategies.base import CLIENT_DERIVED
+from strategies.base import CLIENT_COUNTS, CLIENT_DERIVED
 from tests.helpers import FakeGrid, build, error_reply, prime, reply, with_norm, zeros
 
 SHAPES = [(4, 5), (5,)]
@@ -26,12 +27,44 @@ def _stats(strategy, norms=(0.1, 0.5, 1.0, 0.05)):
     return strategy.aggregate(1, [*replies, error_reply(len(norms))]).stats
 
 
-def test_none_publishes_no_client_derived_value():
-    strategy = build(*POP, "privacy.client_statistics=none")
-    published = strategy.published_statistics(1, _stats(strategy))
+@pytest.mark.parametrize("mode", ["none", "noisy"])
+def test_none_and_noisy_publish_no_client_derived_value_and_no_count_of_clients(mode):
+    strategy = build(*POP, f"privacy.client_statistics={mode}")
+    stats = _stats(strategy)
+    assert stats["aggregated"] == 4 and stats["failed"] == 1  # what the round knows...
+    published = strategy.published_statistics(1, stats)
     assert not set(CLIENT_DERIVED) & set(published)
-    assert published["aggregated"] == 4 and published["failed"] == 1  # operational counts stay
-    assert strategy.dp_guarantee()["client_statistics"].startswith("none")
+    assert not set(CLIENT_COUNTS) & set(published)  # ...is not published: the batch size is secret under Poisson
+    assert "no count of clients" in strategy.dp_guarantee()["client_statistics"]
+
+
+@pytest.mark.parametrize("mode", ["none", "noisy"])
+def test_counts_go_only_to_the_operators_record(tmp_path, mode, caplog):
+    strategy = build(*POP, f"privacy.client_statistics={mode}")
+    metrics = MetricsWriter(tmp_path, 2, progress=False)
+    with caplog.at_level(logging.INFO):
+        strategy.start(FakeGrid("errors"), ArrayRecord(zeros(SHAPES)), num_rounds=2, metrics=metrics)
+    metrics.close()
+    published = read_metrics(tmp_path / "metrics.jsonl")
+    operator = read_metrics(tmp_path / OPERATOR_FILE)
+    assert [r["round"] for r in published] == [r["round"] for r in operator] == [1, 2]
+    for record, counts in zip(published, operator, strict=True):
+        assert not (set(CLIENT_COUNTS) | set(CLIENT_DERIVED)) & set(record)
+        assert set(counts) == {"round", *CLIENT_COUNTS}
+        assert counts["failed"] == counts["sampled"] > 0 and counts["aggregated"] == 0  # every client errs
+    # The logs are published: no rejection line (each would count a client), no progress "clients a/s".
+    assert "rejected" not in caplog.text.replace("answering and rejected clients go only to", "")
+    assert "clients 0/" not in caplog.text
+
+
+def test_raw_publishes_counts_and_writes_no_operator_record(tmp_path):
+    strategy = build(*POP, "privacy.client_statistics=raw")
+    metrics = MetricsWriter(tmp_path, 1, progress=False)
+    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1, metrics=metrics)
+    metrics.close()
+    assert set(CLIENT_COUNTS) <= set(read_metrics(tmp_path / "metrics.jsonl")[0])
+    assert not (tmp_path / OPERATOR_FILE).exists()
+    assert "counts of sampled, answering and rejected clients" in strategy.dp_guarantee()["client_statistics"]
 
 
 def test_raw_publishes_everything_and_says_it_is_not_covered():
@@ -95,11 +128,17 @@ def test_auto_is_raw_in_simulation_and_none_in_deployment(caplog):
     deployed = build(*POP, "privacy.client_statistics=auto")
     deployed.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
     assert deployed.client_statistics == "none"
-    # Rejections are still logged, without the reason (it can name a partition).
+    # No rejection is logged (each line would count a client; a reason can name a partition): the operator's
+    # record holds the counts.
+    caplog.clear()
     with caplog.at_level(logging.WARNING):
         prime(deployed, zeros(SHAPES), sampled=2)
-        deployed.aggregate(1, [error_reply(7)])
-    assert "reply rejected (failed)" in caplog.text and "boom" not in caplog.text
+        assert deployed.aggregate(1, [error_reply(7)]).stats["failed"] == 2
+    assert "rejected" not in caplog.text and "boom" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        prime(simulated, zeros(SHAPES), sampled=2)
+        simulated.aggregate(1, [error_reply(7)])
+    assert "reply rejected (failed): boom" in caplog.text  # raw statistics: the reason is logged
 
 
 def test_joint_noise_multiplier_formula():

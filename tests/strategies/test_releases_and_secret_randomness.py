@@ -4,6 +4,7 @@ train messages) and the write-ahead release log that keeps ε counting every mod
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -12,10 +13,11 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from clients.numpy_client import client_generator
 from fl_app.checkpoint import load_checkpoint
+from fl_app.config import ConfigError
 from fl_app.instructions import TrainInstructions
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import compute_epsilon
-from fl_app.releases import Release, ReleaseLog
+from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest
 from tests.helpers import FakeGrid, build, push, random_update, zeros
 
 SHAPES = [(20, 30), (30,)]
@@ -131,3 +133,101 @@ def test_a_torn_last_line_is_not_a_release(tmp_path):
 def test_non_private_runs_write_no_release_log(tmp_path):
     _run(["strategy=fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2"], tmp_path, rounds=2)
     assert not ReleaseLog(tmp_path).path.exists()
+
+
+# ----- issue 19 §1: a seeded re-run must repeat its logged release, or it is refused ---------------------------
+
+SEEDED = ["strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2", "checkpoint_every=3"]
+
+
+class NonzeroGrid(FakeGrid):
+    """Every client answers the same small non-zero update: another content than FakeGrid's zero updates."""
+
+    def send_and_receive(self, messages, timeout=None):
+        replies = super().send_and_receive(messages, timeout)
+        for r in replies:
+            r.content["arrays"] = ArrayRecord([np.full_like(a, 1e-3) for a in r.content["arrays"].to_numpy_ndarrays()])
+        return replies
+
+
+def _crash_after_five_releases(tmp_path, overrides=SEEDED):
+    with pytest.raises(KeyboardInterrupt):
+        _run(overrides, tmp_path, rounds=6, grid=CrashInRound(6))  # released 1..5, checkpointed after 3
+    return load_checkpoint(tmp_path)
+
+
+def test_every_release_records_the_digest_of_the_model_it_released(tmp_path):
+    strategy = _run(SEEDED, tmp_path, rounds=3)
+    releases = ReleaseLog(tmp_path).read()
+    assert [r.round for r in releases] == [1, 2, 3] and len({r.digest for r in releases}) == 3
+    final = load_checkpoint(tmp_path)
+    assert releases[-1].digest == model_digest(final.weights)
+    assert strategy.dp_guarantee()["rounds_released"] == 3
+
+
+def test_a_seeded_rerun_whose_model_differs_from_its_release_is_refused_before_it_leaves(tmp_path):
+    ckpt = _crash_after_five_releases(tmp_path)
+    before = ReleaseLog(tmp_path).read()
+    # The re-run's replies differ from the first attempt's (a timeout, a failed worker): same seeded noise, other
+    # content. Released, the two round-4 models would differ by a noise-free (S1 - S2)/m.
+    with pytest.raises(ReleaseMismatchError, match="re-run round 4"):
+        _run(SEEDED, tmp_path, rounds=6, grid=NonzeroGrid(), resume=ckpt)
+    assert ReleaseLog(tmp_path).read() == before  # nothing of it was logged, broadcast or checkpointed
+    assert load_checkpoint(tmp_path).round == 3
+
+
+def test_a_seeded_rerun_that_repeats_its_release_is_counted_once_across_two_resumes(tmp_path):
+    ckpt = _crash_after_five_releases(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        _run(SEEDED, tmp_path, rounds=6, grid=CrashInRound(3), resume=ckpt)  # re-runs 4, 5; dies in 6 again
+    releases = ReleaseLog(tmp_path).read()
+    assert [r.round for r in releases] == [1, 2, 3, 4, 5, 4, 5]
+    assert [r.digest for r in releases[5:]] == [r.digest for r in releases[3:5]]  # the same models again
+    resumed = _run(SEEDED, tmp_path, rounds=6, resume=load_checkpoint(tmp_path))
+    assert resumed.accountant.steps == 6 and resumed.rounds_released == 6
+    assert resumed.epsilon() == pytest.approx(compute_epsilon(0.95, 0.2, 6, 1 / 50), rel=1e-9)
+
+
+def test_seeded_releases_that_are_not_rerun_are_still_counted(tmp_path):
+    ckpt = _crash_after_five_releases(tmp_path)
+    # The resumed run ends after round 4 (here: fewer rounds asked for); round 5's model had left the server.
+    resumed = _run(SEEDED, tmp_path, rounds=4, resume=ckpt)
+    assert resumed.accountant.steps == 5
+    assert resumed.epsilon() == pytest.approx(compute_epsilon(0.95, 0.2, 5, 1 / 50), rel=1e-9)
+
+
+def test_a_seeded_release_without_a_digest_cannot_be_resumed(tmp_path):
+    ckpt = _crash_after_five_releases(tmp_path)
+    lines = ReleaseLog(tmp_path).path.read_text().splitlines()
+    old = [json.dumps({k: v for k, v in json.loads(line).items() if k != "digest"}) for line in lines]
+    ReleaseLog(tmp_path).path.write_text("\n".join(old) + "\n")  # a log written before digests existed
+    with pytest.raises(ReleaseMismatchError, match="without a model digest"):
+        _run(SEEDED, tmp_path, rounds=6, resume=ckpt)
+
+
+# ----- issue 19 §4: seeded randomness against a real SuperLink ---------------------------------------------------
+
+
+def test_seeded_randomness_in_a_deployment_is_refused_unless_allowed_and_then_said_loudly(caplog):
+    from flwr.superlink.grid import InMemoryGrid
+
+    class SimulationGrid(FakeGrid, InMemoryGrid):
+        def __init__(self) -> None:
+            FakeGrid.__init__(self)
+
+    initial = ArrayRecord(zeros(SHAPES))
+    refused = build("strategy=dp_fedavg", *POP, "privacy.secure_noise=false", "privacy.allow_seeded_deployment=false")
+    grid = FakeGrid()  # not the simulation engine: a real deployment to the strategy
+    with pytest.raises(ConfigError, match="allow_seeded_deployment"):
+        refused.start(grid, initial, num_rounds=1)
+    assert grid.sent == []  # refused before any message (and its seed) went out
+
+    simulated = build("strategy=dp_fedavg", *POP, "privacy.secure_noise=false", "privacy.allow_seeded_deployment=false")
+    simulated.start(SimulationGrid(), initial, num_rounds=1)  # the seed stays inside the simulation
+    assert simulated.dp_guarantee()["sampling_source"].startswith("seeded-prng (simulation")
+
+    forced = build("strategy=dp_fedavg", *POP, "privacy.secure_noise=false", "privacy.allow_seeded_deployment=true")
+    with caplog.at_level(logging.ERROR):
+        forced.start(FakeGrid(), initial, num_rounds=1)
+    assert "SEEDED RANDOMNESS IN A DEPLOYMENT" in caplog.text
+    assert "not private against clients" in forced.dp_guarantee()["sampling_source"]

@@ -1,0 +1,78 @@
+"""Issue 19 §2: run.json is true at every moment. The ServerApp's run_federated against a grid that reads run.json
+each time a round's model is about to leave the server (the next broadcast), and after a failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fl_app.config import ConfigError, compose_config
+from fl_app.privacy.accounting import compute_epsilon
+from fl_app.server_app import run_federated
+from tests.helpers import FakeGrid
+from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
+
+SIGMA, Q, M = 0.95, 0.25, 20
+RUN = [
+    "strategy=dp_fedavg",
+    f"dataset.num_clients={M}",
+    "dataset.max_train_samples=400",
+    "dataset.max_test_samples=100",
+    f"privacy.sample_rate={Q}",
+    "num_rounds=3",
+]
+
+
+class WatchingGrid(FakeGrid):
+    """A deployment grid (not the simulation engine) that reads run.json whenever a round's messages go out, and
+    fails in round ``fail_round``."""
+
+    def __init__(self, out: Path, fail_round: int | None = None) -> None:
+        super().__init__()
+        self.out = out
+        self.fail_round = fail_round
+        self.seen: list[dict] = []
+
+    def send_and_receive(self, messages, timeout=None):
+        self.seen.append(json.loads((self.out / "run.json").read_text()))
+        if len(self.seen) == self.fail_round:
+            raise RuntimeError("the SuperLink went away")
+        return super().send_and_receive(messages, timeout)
+
+
+def test_run_json_states_what_was_released_before_every_broadcast_and_at_the_end(tmp_path: Path) -> None:
+    grid = WatchingGrid(tmp_path)
+    run_federated(grid, compose_config(RUN), tmp_path, progress=False)
+    for released, meta in enumerate(grid.seen):  # before round t's broadcast: t - 1 models have left
+        assert meta["status"] == "running"
+        assert meta["rounds_released"] == meta["rounds_accounted"] == released
+        assert meta["epsilon"] == (pytest.approx(compute_epsilon(SIGMA, Q, released, 1 / M)) if released else 0)
+        assert meta["dp_guarantee"] == f"client-level ({meta['epsilon']:.4g}, {1 / M:.3g})-DP"
+        # Settings resolved before the first write: against a real SuperLink, CSPRNG and no client statistics.
+        assert meta["noise_source"] == meta["sampling_source"] == "os-csprng"
+        assert meta["client_statistics"].startswith("none")
+    final = json.loads((tmp_path / "run.json").read_text())
+    assert final["status"] == "completed" and final["rounds_released"] == 3
+    assert final["epsilon"] == pytest.approx(compute_epsilon(SIGMA, Q, 3, 1 / M))
+
+
+def test_after_a_failure_run_json_keeps_the_epsilon_of_every_release(tmp_path: Path) -> None:
+    grid = WatchingGrid(tmp_path, fail_round=3)
+    with pytest.raises(RuntimeError, match="went away"):
+        run_federated(grid, compose_config(RUN), tmp_path, progress=False)
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["status"] == "failed" and "went away" in meta["error"]
+    assert meta["rounds_released"] == 2  # not the 0 of the start
+    assert meta["epsilon"] == pytest.approx(compute_epsilon(SIGMA, Q, 2, 1 / M))
+    assert meta["dp_guarantee"] == f"client-level ({meta['epsilon']:.4g}, {1 / M:.3g})-DP"
+
+
+def test_seeded_randomness_against_a_superlink_fails_before_any_message(tmp_path: Path) -> None:
+    grid = WatchingGrid(tmp_path)
+    with pytest.raises(ConfigError, match="allow_seeded_deployment"):
+        run_federated(grid, compose_config([*RUN, "privacy.secure_noise=false"]), tmp_path, progress=False)
+    assert grid.seen == []
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["status"] == "failed" and "allow_seeded_deployment" in meta["error"]
