@@ -24,8 +24,10 @@ from fl_app.privacy.mechanisms import CLIPPING_STATS_KEYS
 #: raw client statistics: outside ε, kept beside the published files but never to be published (docs/PRIVACY.md).
 OPERATOR_FILE = "operator_counts.jsonl"
 
-ROUND_FIELDS = (
-    "round",
+#: Counts of clients per round (outside ε: under Poisson sampling the number of participants is part of what
+#: amplification assumes secret). Published only with ``privacy.client_statistics=raw``; otherwise they go to the
+#: operator's own record, :data:`OPERATOR_FILE`.
+CLIENT_COUNTS = (
     "sampled",
     "received",
     "aggregated",
@@ -34,6 +36,11 @@ ROUND_FIELDS = (
     "rejected_nonfinite",
     "rejected_shape",
     "reclipped",
+)
+
+ROUND_FIELDS = (
+    "round",
+    *CLIENT_COUNTS,
     "train_loss",
     "train_accuracy",
     "test_loss",

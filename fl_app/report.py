@@ -2,7 +2,8 @@
 
 Collects every run below a Hydra sweep directory (``python -m fl_app.main --multirun ...``) and writes, into
 ``--out`` (default ``<sweep dir>/report/``): ``table.md`` (also printed), ``table.csv`` (long form), ``runs.csv``
-(one row per run, missing jobs included) and PNG plots.
+(one row per run, missing jobs included), ``rounds.csv`` (one row per run and round: the per-round values that
+docs quote, e.g. C_t, ‖Δ‖ statistics, σ) and PNG plots.
 
 Table layout (as in the DP-FedSAM papers' result tables): one row per value of ``--rows`` (default the
 strategy name), one column group per combination of the ``--cols`` keys (default: every swept key except the row
@@ -104,6 +105,18 @@ _NOT_FACTORS = frozenset({"seed", "output_dir", "resume"})
 _MISSING: Any = object()
 _COUNT_COLUMNS = ("n_completed", "n_expected", "n_failed", "n_missing")
 _RUN_METRICS = ("best_test_accuracy", "final_test_accuracy", "train_accuracy", "gap")
+#: Per-round fields of ``rounds.csv`` (``metrics.jsonl``'s names and units; empty where a run did not record one).
+ROUND_COLUMNS = (
+    "test_accuracy",
+    "epsilon",
+    "noise_multiplier",
+    "clip_norm",
+    "clip_norm_next",
+    "fraction_clipped_noisy",
+    "norm_mean",
+    "norm_median",
+    "fraction_clipped",
+)
 
 
 # --- values ------------------------------------------------------------------------------------------------------
@@ -711,6 +724,33 @@ def write_csv(
     return table_path, runs_path
 
 
+def write_rounds_csv(report: Report, out_dir: Path, root: Path | None = None) -> Path:
+    """``rounds.csv``: one row per completed run and round, with :data:`ROUND_COLUMNS` as ``metrics.jsonl`` has
+    them, so that a per-round number a document quotes has a committed source."""
+    keys = [report.row_key, *report.col_keys]
+    if "seed" not in keys:
+        keys.append("seed")
+    path = out_dir / "rounds.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["path", *keys, "round", *ROUND_COLUMNS])
+        for run in report.runs:
+            if not run.ok:
+                continue
+            values = [canon(run_value(run, k)) for k in keys]
+            for record in run.records:
+                cells = [record.get(column) for column in ROUND_COLUMNS]
+                w.writerow(
+                    [
+                        str(run.path) if root is None else _rel(run.path, root),
+                        *values,
+                        record.get("round"),
+                        *["" if v is None else repr(v) for v in cells],
+                    ]
+                )
+    return path
+
+
 # --- plots -------------------------------------------------------------------------------------------------------
 
 
@@ -939,13 +979,14 @@ def main(argv: list[str] | None = None) -> int:
     markdown = to_markdown(report, args.title or f"Sweep {root}", root, metrics)
     (out_dir / "table.md").write_text(markdown)
     write_csv(report, out_dir, root, metrics)
+    write_rounds_csv(report, out_dir, root)
     try:
         plots = write_plots(report, out_dir)
     except ImportError as exc:
         print(f"warning: plots skipped ({exc}); install matplotlib", file=sys.stderr)
         plots = []
     print(markdown, end="")
-    print(f"wrote table.md, table.csv, runs.csv and {len(plots)} plot(s) to {out_dir}", file=sys.stderr)
+    print(f"wrote table.md, table.csv, runs.csv, rounds.csv and {len(plots)} plot(s) to {out_dir}", file=sys.stderr)
     return 0
 
 

@@ -65,7 +65,7 @@ from fl_app.instructions import (
     local_training_config,
     make_train_instructions,
 )
-from fl_app.metrics import OPERATOR_FILE, MetricsWriter
+from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter
 from fl_app.models import build_model_for_dataset
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
@@ -77,19 +77,6 @@ from strategies.population import Population, balance_cohorts
 REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
 #: Optional wall-clock stamps a client may send (startup profiling, bench/); the round keeps the earliest.
 CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
-#: Counts of clients per round (outside ε: under Poisson sampling the number of participants is part of what
-#: amplification assumes secret). Published only with ``client_statistics=raw``; otherwise they go to the
-#: operator's own record (``operator_counts.jsonl``, :data:`fl_app.metrics.OPERATOR_FILE`), never published.
-CLIENT_COUNTS = (
-    "sampled",
-    "received",
-    "aggregated",
-    "failed",
-    "rejected_malformed",
-    "rejected_nonfinite",
-    "rejected_shape",
-    "reclipped",
-)
 #: Round-record fields computed from individual clients' raw values (outside ε): published only with
 #: ``privacy.client_statistics=raw``.
 CLIENT_DERIVED = (

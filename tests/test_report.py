@@ -197,6 +197,14 @@ def test_report_table_csv_and_plots(sweep: Path, capsys: pytest.CaptureFixture[s
     first = next(r for r in runs if r["path"] == "0")
     assert float(first["best_test_accuracy"]) == pytest.approx(0.80) and float(first["gap"]) == pytest.approx(0.12)
 
+    with (out / "rounds.csv").open() as fh:
+        rounds = list(csv.DictReader(fh))
+    # Completed runs only, one row per recorded round, metrics.jsonl's units.
+    assert {r["path"] for r in rounds} == {r["path"] for r in by_status["completed"]}
+    first_rounds = [r for r in rounds if r["path"] == "0"]
+    assert [int(r["round"]) for r in first_rounds] == list(range(1, len(first_rounds) + 1))
+    assert max(float(r["test_accuracy"]) for r in first_rounds if r["test_accuracy"]) == pytest.approx(0.80)
+
     for name in ("accuracy_vs_round.png", "epsilon_vs_round.png", "norm_histogram.png", "ablation.png"):
         assert (out / name).stat().st_size > 1000, name
     assert not (out / "clip_norm_vs_round.png").exists()  # no run recorded C

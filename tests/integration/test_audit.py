@@ -1,6 +1,10 @@
 """Canary audits in real Flower simulations, one per front door: DP-FedAvg through Hydra, DP-FedSAM through
-``flwr run`` against a real SuperLink. The one-run lower bound and the all-iterates estimate stay below the
-accountant's ε, and ``python -m fl_app.audit`` recomputes what the run reported."""
+``flwr run`` against a real SuperLink. The one-run lower bound stays below the accountant's ε, the estimates are
+not significantly above it, and ``python -m fl_app.audit`` recomputes what the run reported.
+
+The estimates are estimates, not bounds: a correct run may show one above the accountant's ε (docs/audit.md's
+default run: ε̂ iterates 2.86 against 2.748, interval 1.28-5.12). What a correct mechanism must satisfy is that the
+lower end of each 95% interval stays below ε (and that the rigorous lower bound does)."""
 
 from __future__ import annotations
 
@@ -28,8 +32,8 @@ def _check(out: Path) -> dict:
     assert audit["violation"] is False
     assert audit["accountant_epsilon"] == pytest.approx(meta["epsilon"])
     assert audit["eps_lower_bound"] <= meta["epsilon"]
-    assert audit["eps_estimate_iterates"] <= meta["epsilon"]
-    assert audit["eps_estimate_final"] <= meta["epsilon"]
+    assert audit["eps_estimate_iterates_low"] <= meta["epsilon"]
+    assert audit["eps_estimate_final_low"] <= meta["epsilon"]
     last = read_metrics(out / "metrics.jsonl")[-1]
     assert last["audit_eps_lower_bound"] == audit["eps_lower_bound"]
     assert not list((out / "audit").glob("delta_*.npy"))

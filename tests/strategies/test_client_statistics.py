@@ -11,10 +11,10 @@ import pytest
 from flwr.app import ArrayRecord
 
 from fl_app.config import ConfigError
-from fl_app.metrics import OPERATOR_FILE, MetricsWriter, read_metrics
+from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter, read_metrics
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
-from strategies.base import CLIENT_COUNTS, CLIENT_DERIVED
+from strategies.base import CLIENT_DERIVED
 from tests.helpers import FakeGrid, build, error_reply, prime, reply, with_norm, zeros
 
 SHAPES = [(4, 5), (5,)]
