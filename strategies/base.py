@@ -19,8 +19,8 @@ Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg.
    noise up for the clients that did not contribute, so the aggregate noise is always N(0, σ²C²/m²).
    w ← w + η_g · average.
 7. **Account** — the noisy model is logged as released (``releases.jsonl``, fsync-ed: :mod:`fl_app.releases`)
-   before it can leave the server, and the accountant records the round (σ, q), whatever number of clients
-   answered. A resumed run accounts every release logged after its checkpoint (CSPRNG noise: re-run rounds are
+   before it can leave the server, and the strategy's ledger (:mod:`fl_app.privacy.ledger`: the sampled Gaussian
+   accountant, or Noisy-FedAvg's GDP bound) records the round (σ, q), whatever number of clients answered. A resumed run accounts every release logged after its checkpoint (CSPRNG noise: re-run rounds are
    new releases; seeded noise: they repeat the same release and are not counted again).
 8. **Evaluate and record** — global test loss/accuracy, ε, norm statistics, one JSON line.
 
@@ -69,7 +69,8 @@ from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter
 from fl_app.models import build_model_for_dataset
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier
+from fl_app.privacy.accounting import calibrate_noise_multiplier
+from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
 from strategies.population import Population, balance_cohorts
 
@@ -130,7 +131,8 @@ class FederatedStrategy(Strategy):
         else:
             self.expected_clients = mech.expected_clients(self.num_clients, privacy.sample_rate)
         self.noise_multiplier = privacy.noise_multiplier
-        self.accountant: PrivacyAccountant | None = None
+        #: What the run has released and spent (None for the non-private references): :meth:`make_ledger`.
+        self.ledger: PrivacyLedger | None = None
         # Resolved by resolve_settings() when "auto" (raw in simulation, none against a real SuperLink).
         self.client_statistics: str = privacy.client_statistics
         self.statistics_noise_multiplier = privacy.statistics_noise_multiplier or self.expected_clients / 20
@@ -140,7 +142,7 @@ class FederatedStrategy(Strategy):
                 f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
             )
         if self.private:
-            self.accountant = PrivacyAccountant(privacy.accountant, privacy.sampling, self.num_clients)
+            self.ledger = self.make_ledger()
             if privacy.target_epsilon is not None:
                 self.noise_multiplier = calibrate_noise_multiplier(
                     privacy.target_epsilon,
@@ -286,34 +288,41 @@ class FederatedStrategy(Strategy):
                     "sampling and the server's noise; not private against clients)")  # fmt: skip
         return "seeded-prng (simulation; reproducible; private only while the seed stays secret)"
 
+    def make_ledger(self) -> PrivacyLedger:
+        """The ledger that accounts this strategy's releases: the subsampled Gaussian mechanism's."""
+        p = self.config.privacy
+        return SampledGaussianLedger(p.delta, p.accountant, p.sampling, self.num_clients)
+
     def dp_guarantee(self) -> dict[str, Any]:
-        """The run's DP claim, as written into ``run.json``."""
+        """The run's DP claim, as written into ``run.json``: the ledger's account, the mechanism's parameters."""
         if not self.private:
             return {"dp_guarantee": "none: non-private reference", "client_statistics": self.client_statistics_claim()}
-        p = self.config.privacy
-        assert self.accountant is not None
+        assert self.ledger is not None
+        claim = self.ledger.claim()
+        statement = claim.pop("statement")
         reason = self.not_covered_reason()
-        claim = f"not covered: {reason}" if reason else f"client-level ({self.epsilon():.4g}, {p.delta:.3g})-DP"
         return {
-            "dp_guarantee": claim,
-            "accountant": p.accountant,
-            "sampling_event": "poisson" if p.sampling == "poisson" else "fixed-size without replacement",
-            "neighbouring": "add/remove one client" if p.sampling == "poisson" else "replace one client",
-            "epsilon": self.epsilon(),
-            "delta": p.delta,
+            "dp_guarantee": self.ledger.uncovered(reason) if reason else statement,
+            **claim,
+            **self.mechanism_claim(),
+            "client_statistics": self.client_statistics_claim(),
+            # Distinct noisy models that have left (or were logged to leave) the server, resumed runs included.
+            "rounds_released": self.rounds_released,
+            "noise_source": self.noise_source,
+            "sampling_source": self.randomness_source,
+        }
+
+    def mechanism_claim(self) -> dict[str, Any]:
+        """The parameters of the mechanism the ledger accounts (``run.json``)."""
+        p = self.config.privacy
+        return {
             "noise_multiplier": self.noise_multiplier,
             "accounted_noise_multiplier": self.accounted_noise_multiplier,
-            "client_statistics": self.client_statistics_claim(),
             "clip_norm": p.clip_norm,
             "clipping": self.clipping_claim(),
             "sample_rate": p.sample_rate,
             "expected_clients": self.expected_clients,
-            "rounds_accounted": self.accountant.steps,
-            # Distinct noisy models that have left (or were logged to leave) the server, resumed runs included.
-            "rounds_released": self.rounds_released,
             "placement": p.placement,
-            "noise_source": self.noise_source,
-            "sampling_source": self.randomness_source,
         }
 
     def not_covered_reason(self) -> str | None:
@@ -371,15 +380,12 @@ class FederatedStrategy(Strategy):
         return public
 
     def epsilon(self) -> float:
-        if self.accountant is None:
-            return math.inf
-        return self.accountant.get_epsilon(self.config.privacy.delta)
+        return math.inf if self.ledger is None else self.ledger.epsilon()
 
     def projected_epsilon(self) -> float:
         """ε after one more round (the budget guard's question)."""
-        assert self.accountant is not None
-        p = self.config.privacy
-        return self.accountant.epsilon_after(1, self.accounted_noise_multiplier, p.sample_rate, p.delta)
+        assert self.ledger is not None
+        return self.ledger.projected_epsilon(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
 
     @property
     def accounted_noise_multiplier(self) -> float:
@@ -393,8 +399,8 @@ class FederatedStrategy(Strategy):
         return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics_noise_multiplier)
 
     def account_round(self) -> None:
-        if self.accountant is not None:
-            self.accountant.step(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
+        if self.ledger is not None:
+            self.ledger.step(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
 
     def release(self, server_round: int, weights: list[np.ndarray]) -> Release:
         """This round's noisy model ``weights`` as a release (the write-ahead log's record)."""
@@ -409,8 +415,8 @@ class FederatedStrategy(Strategy):
     def account_release(self, release: Release) -> None:
         """Count a release logged after the checkpoint this run resumed from (the accountant restored from it has
         not seen it)."""
-        if self.accountant is not None:
-            self.accountant.step(release.noise_multiplier, release.sample_rate)
+        if self.ledger is not None:
+            self.ledger.step(release.noise_multiplier, release.sample_rate)
 
     def round_extras(self) -> dict[str, Any]:
         """Strategy-specific fields of the round record."""
@@ -1024,7 +1030,7 @@ class FederatedStrategy(Strategy):
         """Score the canaries after ``server_round``; a lower bound above the accountant's ε is a privacy bug."""
         assert self.canaries is not None
         epsilon = self.epsilon() if self.private else None
-        epsilon_at = self.accountant.get_epsilon if self.private and self.accountant is not None else None
+        epsilon_at = self.ledger.epsilon_at if self.ledger is not None else None
         self.audit_result = result = self.canaries.evaluate(server_round, epsilon_at)
         log(
             INFO,
@@ -1080,8 +1086,8 @@ class FederatedStrategy(Strategy):
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
         """What a resumed run needs beyond the global model: the accountant, the previous global model and the
         canaries' scored statistics."""
-        accountant = self.accountant.state_dict() if self.accountant is not None else None
-        state = {"accountant": accountant, "releases_logged": self._releases_logged, "clip_norm": self.clip_norm}
+        ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
+        state = {**ledger, "releases_logged": self._releases_logged, "clip_norm": self.clip_norm}
         arrays = {"previous_global": list(self._global)}
         if self.canaries is not None:
             audit_state, audit_arrays = self.canaries.state()
@@ -1090,8 +1096,8 @@ class FederatedStrategy(Strategy):
         return state, arrays
 
     def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
-        if self.accountant is not None:
-            self.accountant.load_state_dict(state["accountant"])
+        if self.ledger is not None:
+            self.ledger.load_state_dict(state)
         # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
         self.clip_norm = float(state.get("clip_norm", self.config.privacy.clip_norm))
         # The global model the checkpointed round started from: the "previous global" of the next round.

@@ -19,7 +19,7 @@ from clients.training import NoisyLocalConfig
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
-from fl_app.releases import Release
+from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
 from strategies.base import FederatedStrategy
 
 
@@ -36,12 +36,6 @@ class NoisyFedAvg(FederatedStrategy):
         "there is no update clip norm C for adaptive clipping to move"
     )
     algorithm: ClassVar[str] = "noisy_fedavg"
-
-    def __init__(self, config: Any) -> None:
-        super().__init__(config)
-        self.accountant = None  # the GDP bound replaces the sampled-Gaussian accountant
-        self._rounds = 0
-        self.bound(1)  # invalid parameters for the theorem (e.g. alpha <= L) fail here, before any round
 
     @property
     def prox_coef(self) -> float:
@@ -65,32 +59,17 @@ class NoisyFedAvg(FederatedStrategy):
 
     # --- privacy reporting -------------------------------------------------------------------------------------
 
-    @property
-    def noise_source(self) -> str:
-        return self.randomness_source
-
-    def epsilon(self) -> float:
-        return self.bound(self._rounds).epsilon if self._rounds else 0.0
-
-    def projected_epsilon(self) -> float:
-        return self.bound(self._rounds + 1).epsilon
-
-    def account_round(self) -> None:
-        self._rounds += 1
-
-    def account_release(self, release: Release) -> None:
-        self._rounds += 1  # the GDP bound composes T rounds of the same mechanism
-
-    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
-        state, arrays = super().state()
-        return {**state, "gdp_rounds": self._rounds}, arrays
-
-    def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
-        super().load_state(state, arrays)
-        self._rounds = int(state["gdp_rounds"])
+    def make_ledger(self) -> PrivacyLedger:
+        """The GDP bound of seed 004 replaces the sampled-Gaussian accountant: T releases of the same mechanism."""
+        s = self.config.strategy
+        source = "Thm 4" if self.prox_coef else f"Thm 3, {s.lr_schedule}"
+        return GDPLedger(
+            self.config.privacy.delta, self.bound, lambda: f"seed 004 {source}; assumes L = {s.smoothness}"
+        )
 
     def round_extras(self) -> dict[str, Any]:
-        return {"gdp_mu": self.bound(self._rounds).mu if self._rounds else 0.0}
+        assert isinstance(self.ledger, GDPLedger)
+        return {"gdp_mu": self.ledger.mu}
 
     def not_covered_reason(self) -> str | None:
         if self.prox_coef or self.config.strategy.lr_schedule in ("constant", "cyclic"):
@@ -101,32 +80,13 @@ class NoisyFedAvg(FederatedStrategy):
             )
         return None
 
-    def dp_guarantee(self) -> dict[str, Any]:
-        s, p = self.config.strategy, self.config.privacy
-        b = self.bound(self._rounds)
-        eps = b.epsilon if self._rounds else 0.0
-        source = "Thm 4" if self.prox_coef else f"Thm 3, {s.lr_schedule}"
-        claim = (
-            f"({eps:.4g}, {p.delta:.3g})-DP from {b.mu if self._rounds else 0.0:.4g}-GDP "
-            f"(seed 004 {source}; assumes L = {s.smoothness})"
-        )
-        reason = self.not_covered_reason()
+    def mechanism_claim(self) -> dict[str, Any]:
+        s = self.config.strategy
         return {
-            "dp_guarantee": f"not covered: {reason}; paper bound {claim}" if reason else claim,
-            "accountant": "gdp (seed 004)",
-            "gdp_mu": b.mu if self._rounds else 0.0,
-            "epsilon": eps,
-            "delta": p.delta,
-            "bound": b.describe(),
             "noise_std": s.noise_std,
             "grad_clip": s.grad_clip,
             "local_steps": s.local_steps,
             "smoothness_assumed": s.smoothness,
-            "rounds_accounted": self._rounds,
-            "rounds_released": self.rounds_released,
-            "noise_source": self.noise_source,
-            "sampling_source": self.randomness_source,
-            "client_statistics": self.client_statistics_claim(),
         }
 
     # --- client recipe and aggregation ------------------------------------------------------------------------

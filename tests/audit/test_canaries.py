@@ -207,7 +207,7 @@ def test_the_correct_mechanism_is_not_a_violation() -> None:
     assert result is not None and result.round == 5
     assert not result.violation
     assert result.lower_bound.delta == 1e-5  # min(δ, 0.01 / K)
-    assert result.accountant_epsilon_at_bound_delta == strategy.accountant.get_epsilon(1e-5)
+    assert result.accountant_epsilon_at_bound_delta == strategy.ledger.epsilon_at(1e-5)
     assert result.lower_bound.epsilon <= result.accountant_epsilon_at_bound_delta
     assert result.estimate_iterates.low <= result.accountant_epsilon
     assert result.estimate_final.low <= result.accountant_epsilon

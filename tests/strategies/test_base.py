@@ -432,7 +432,7 @@ def test_nonprivate_guarantee():
     for name, cls in (("fedavg", FedAvg), ("fedsam", FedSAM)):
         strategy = build(f"strategy={name}")
         assert isinstance(strategy, cls)
-        assert strategy.accountant is None
+        assert strategy.ledger is None
         assert "non-private" in strategy.dp_guarantee()["dp_guarantee"]
         assert strategy.epsilon() == math.inf
         assert strategy.noise_source == "none"
@@ -450,7 +450,7 @@ def test_dp_guarantee_reports_accountant_epsilon_and_delta(name, cls):
     assert g["noise_multiplier"] == 0.95 and g["clip_norm"] == 0.2 and g["sample_rate"] == 0.1
     assert g["expected_clients"] == pytest.approx(20.0)
     assert g["sampling_event"] == "poisson" and g["placement"] == "server"
-    strategy.accountant.step(0.95, 0.1, 5)
+    strategy.ledger.step(0.95, 0.1, 5)
     g = strategy.dp_guarantee()
     assert g["epsilon"] == pytest.approx(compute_epsilon(0.95, 0.1, 5, 1 / 200))
     assert g["rounds_accounted"] == 5
@@ -508,7 +508,7 @@ def test_start_accounts_every_round_and_writes_metrics(tmp_path):
     result = strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=3, metrics=writer)
     writer.close()
     assert strategy.stop_reason is None
-    assert strategy.accountant.steps == 3
+    assert strategy.ledger.rounds == 3
     assert strategy.epsilon() == pytest.approx(compute_epsilon(sigma, q, 3, delta_), rel=1e-9)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
     assert len(result.arrays.to_numpy_ndarrays()) == 2
@@ -535,7 +535,7 @@ def test_rounds_are_accounted_even_when_no_client_answers():
     strategy = build("strategy=dp_fedavg", *SMALL_POP)
     grid = FakeGrid(mode="errors")
     strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=2)
-    assert strategy.accountant.steps == 2
+    assert strategy.ledger.rounds == 2
     assert strategy.epsilon() == pytest.approx(compute_epsilon(0.95, 0.2, 2, 1 / 50), rel=1e-9)
 
 
@@ -548,7 +548,7 @@ def test_budget_guard_stops_before_the_round_that_would_exceed(tmp_path):
     writer = MetricsWriter(tmp_path, num_rounds=10, progress=False)
     result = strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=10, metrics=writer)
     writer.close()
-    assert strategy.accountant.steps == 3
+    assert strategy.ledger.rounds == 3
     assert len(grid.sent) == 3
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
     assert strategy.stop_reason is not None and "budget guard" in strategy.stop_reason
@@ -564,7 +564,7 @@ def test_budget_guard_with_no_noise_stops_before_the_first_round():
     grid = FakeGrid()
     strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=5)
     assert grid.sent == []
-    assert strategy.accountant.steps == 0
+    assert strategy.ledger.rounds == 0
     assert "budget guard" in strategy.stop_reason
 
 
@@ -579,7 +579,7 @@ def test_target_epsilon_calibrates_the_noise_multiplier():
     assert 0.99 * 4 <= eps <= 4
     assert strategy.dp_guarantee()["noise_multiplier"] == sigma
     # The calibrated σ is what the clients are told and what is accounted.
-    strategy.accountant.step(sigma, 0.1, 50)
+    strategy.ledger.step(sigma, 0.1, 50)
     assert strategy.epsilon() == pytest.approx(eps, rel=1e-9)
 
 
