@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
+from fl_app.server_optimizers import SERVER_OPTIMIZERS
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 Sampling = Literal["poisson", "fixed"]
@@ -157,6 +159,20 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class ServerOptimizerConfig:
+    """How the server moves the global model along the round's released average (fl_app/server_optimizers.py);
+    the step size is ``strategy.server_lr``."""
+
+    name: str = "sgd"
+    #: beta1: momentum's and Adam/Yogi's first-moment decay.
+    momentum: float = 0.9
+    #: beta2: Adam/Yogi's second-moment decay.
+    beta2: float = 0.99
+    #: tau: added to the root of the second moment (adagrad, adam, yogi).
+    eps: float = 1e-3
+
+
+@dataclass(frozen=True)
 class FaultInjectionConfig:
     """Chaos testing: partitions whose client misbehaves on purpose (the server must cope; see README)."""
 
@@ -190,6 +206,7 @@ class AppConfig:
     simulation: SimulationConfig
     fault_injection: FaultInjectionConfig = FaultInjectionConfig()
     audit: AuditConfig = AuditConfig()
+    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -585,7 +602,23 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         simulation=simulation,
         fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
         audit=_validate_audit(raw.get("audit") or {}, strategy_class),
+        # Configs stored before server optimizers existed (checkpoints) resume with the plain server step.
+        server_optimizer=_validate_server_optimizer(raw.get("server_optimizer") or {"name": "sgd"}),
     )
+
+
+def _validate_server_optimizer(section: Mapping[str, Any]) -> ServerOptimizerConfig:
+    _known_keys(section, ServerOptimizerConfig, "server_optimizer")
+    p = "server_optimizer"
+    defaults = ServerOptimizerConfig()
+    name = _choice(section, "name", p, SERVER_OPTIMIZERS)
+    momentum = _number(section, "momentum", p) if "momentum" in section else defaults.momentum
+    _require(0 <= momentum < 1, "server_optimizer.momentum", momentum, "beta1 in [0, 1)")
+    beta2 = _number(section, "beta2", p) if "beta2" in section else defaults.beta2
+    _require(0 <= beta2 < 1, "server_optimizer.beta2", beta2, "beta2 in [0, 1)")
+    eps = _number(section, "eps", p) if "eps" in section else defaults.eps
+    _require(eps > 0, "server_optimizer.eps", eps, "tau > 0")
+    return ServerOptimizerConfig(name=name, momentum=momentum, beta2=beta2, eps=eps)
 
 
 def _top_int(raw: Mapping[str, Any], key: str, minimum: int) -> int:
@@ -618,7 +651,7 @@ def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
 # --- flwr run front door ---------------------------------------------------------------------------------------
 
 # Run-config keys (pyproject [tool.flwr.app.config]) that select a Hydra config group.
-GROUP_KEYS = ("strategy", "client", "dataset", "model", "privacy", "simulation", "audit")
+GROUP_KEYS = ("strategy", "client", "dataset", "model", "privacy", "simulation", "audit", "server_optimizer")
 # Run-config keys that set a top-level scalar of conf/config.yaml.
 SCALAR_KEYS = ("seed", "num_rounds", "eval_every", "population", "round_timeout", "checkpoint_every")
 

@@ -17,11 +17,13 @@ Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg.
 6. **Aggregate** — uniform sum in partition order divided by the **fixed** denominator m = qM (a missing client
    never raises the sensitivity above C/m); server placement adds N(0, σ²C²/m²); client placement tops the
    noise up for the clients that did not contribute, so the aggregate noise is always N(0, σ²C²/m²).
-   w ← w + η_g · average.
-7. **Account** — the noisy model is logged as released (``releases.jsonl``, fsync-ed: :mod:`fl_app.releases`)
-   before it can leave the server, and the strategy's ledger (:mod:`fl_app.privacy.ledger`: the sampled Gaussian
-   accountant, or Noisy-FedAvg's GDP bound) records the round (σ, q), whatever number of clients answered. A resumed run accounts every release logged after its checkpoint (CSPRNG noise: re-run rounds are
-   new releases; seeded noise: they repeat the same release and are not counted again).
+   The server optimizer steps along the average (``server_optimizer``: w ← w + η_g · average for sgd; FedOpt's
+   momentum / Adagrad / Adam / Yogi otherwise): post-processing of the released average.
+7. **Account** — the noisy model is logged as released (``releases.jsonl``, fsync-ed, with its digest:
+   :mod:`fl_app.releases`) before it can leave the server, and the strategy's ledger (:mod:`fl_app.privacy.ledger`:
+   the sampled Gaussian accountant, or Noisy-FedAvg's GDP bound) records the round (σ, q), whatever number of
+   clients answered. A resumed run accounts every release logged after its checkpoint; a CSPRNG re-run round is a
+   new release, a seeded one must repeat its logged release or is refused.
 8. **Evaluate and record** — global test loss/accuracy, ε, norm statistics, one JSON line.
 
 Non-private references (FedAvg, FedSAM) run the same skeleton with no clipping, no noise, no accountant and the
@@ -72,6 +74,7 @@ from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
+from fl_app.server_optimizers import ServerOptimizer
 from strategies.population import Population, balance_cohorts
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
@@ -199,6 +202,11 @@ class FederatedStrategy(Strategy):
                     100 * (self.noise_multiplier / joint - 1),
                     self.clipped_count_stddev,
                 )
+        opt = config.server_optimizer
+        #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
+        self.server_optimizer = ServerOptimizer(
+            opt.name, lr=config.strategy.server_lr, momentum=opt.momentum, beta2=opt.beta2, eps=opt.eps
+        )
         self.population = Population(config.population, self.num_clients)
         self._check_cohort_engine()
         self._shapes: list[tuple[int, ...]] = []
@@ -758,11 +766,7 @@ class FederatedStrategy(Strategy):
         clients.sort(key=lambda item: item[0])
         num_clients = sum(n for _, _, n in contributions)
         average = self.combine(server_round, [u for _, u, _ in contributions], num_clients)
-        eta = self.config.strategy.server_lr
-        new_weights = [
-            (w.astype(np.float64) + eta * a.astype(np.float64)).astype(w.dtype)
-            for w, a in zip(self._global, average, strict=True)
-        ]
+        new_weights = self.server_optimizer.step(self._global, average)
 
         norms = [float(m["pre_clip_norm"]) for _, m in clients]
         stats: dict[str, Any] = {
@@ -1087,8 +1091,9 @@ class FederatedStrategy(Strategy):
         """What a resumed run needs beyond the global model: the accountant, the previous global model and the
         canaries' scored statistics."""
         ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
-        state = {**ledger, "releases_logged": self._releases_logged, "clip_norm": self.clip_norm}
-        arrays = {"previous_global": list(self._global)}
+        optimizer_state, optimizer_arrays = self.server_optimizer.state()
+        state = {**ledger, **optimizer_state, "releases_logged": self._releases_logged, "clip_norm": self.clip_norm}
+        arrays = {"previous_global": list(self._global), **optimizer_arrays}
         if self.canaries is not None:
             audit_state, audit_arrays = self.canaries.state()
             state.update(audit_state)
@@ -1098,6 +1103,7 @@ class FederatedStrategy(Strategy):
     def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
         if self.ledger is not None:
             self.ledger.load_state_dict(state)
+        self.server_optimizer.load_state(state, arrays)
         # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
         self.clip_norm = float(state.get("clip_norm", self.config.privacy.clip_norm))
         # The global model the checkpointed round started from: the "previous global" of the next round.
