@@ -677,6 +677,72 @@ def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
     return result
 
 
+# --- keyword construction (a strategy built in a user's ServerApp) ---------------------------------------------
+
+#: The sections a keyword setting can name a field of, in AppConfig order.
+SETTING_SECTIONS: dict[str, type] = {
+    "strategy": StrategyConfig,
+    "client": ClientConfig,
+    "dataset": DatasetConfig,
+    "model": ModelConfig,
+    "privacy": PrivacyConfig,
+    "simulation": SimulationConfig,
+    "audit": AuditConfig,
+    "server_optimizer": ServerOptimizerConfig,
+}
+
+
+def settings_overrides(strategy: str, settings: Mapping[str, Any]) -> list[str]:
+    """Hydra overrides for ``strategy`` (a conf/strategy name) and keyword ``settings``.
+
+    A setting is a top-level key (``num_rounds=5``), a group choice given as a string (``dataset="cifar10"``,
+    ``server_optimizer="adam"``), a section given as a dict (``privacy={"clip_norm": 0.5}``), a dotted key
+    (``**{"client.momentum": 0.5}``), or the bare name of a field that exactly one section has
+    (``clip_norm=0.5`` is ``privacy.clip_norm``). An unknown or ambiguous name raises TypeError naming the
+    candidates, as a wrong keyword argument does.
+    """
+    overrides = [f"strategy={strategy}"]
+    groups = [(key, value) for key, value in settings.items() if key in GROUP_KEYS and isinstance(value, str)]
+    overrides += [f"{key}={value}" for key, value in groups]  # choices first: a field then overrides the choice
+    for key, value in settings.items():
+        if key == "strategy":
+            raise TypeError("the strategy is the class; pass its settings, not strategy=")
+        if key in GROUP_KEYS and isinstance(value, str):
+            continue
+        if key in SETTING_SECTIONS and isinstance(value, Mapping):
+            overrides += [f"{key}.{name}={_override_value(v)}" for name, v in value.items()]
+            continue
+        overrides.append(f"{_setting_key(key)}={_override_value(value)}")
+    return overrides
+
+
+def _setting_key(name: str) -> str:
+    if "." in name or name in SCALAR_KEYS or name in ("resume", "output_dir"):
+        return name
+    owners = [section for section, cls in SETTING_SECTIONS.items() if name in {f.name for f in fields(cls)}]
+    if len(owners) == 1:
+        return f"{owners[0]}.{name}"
+    if not owners:
+        raise TypeError(f"unknown setting {name!r}: a top-level key ({', '.join(SCALAR_KEYS)}), a group, or a "
+                        f"field of {', '.join(SETTING_SECTIONS)}")  # fmt: skip
+    raise TypeError(
+        f"ambiguous setting {name!r}: " + " or ".join(f"{o}.{name}" for o in owners) + " (pass the dotted key)"
+    )
+
+
+def _override_value(value: Any) -> str:
+    """A Python value as Hydra's override grammar reads it back."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
 def compose_config(overrides: Iterable[str] = ()) -> AppConfig:
     """Compose ``conf/config.yaml`` with Hydra overrides outside a Hydra app, and validate it."""
     from hydra import compose, initialize_config_dir

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
@@ -43,22 +43,24 @@ def default_output_dir(config: AppConfig) -> Path:
     return (base / f"{stamp}-{config.strategy.name}").resolve()
 
 
-def build_strategy(config: AppConfig) -> FederatedStrategy:
-    """Instantiate the strategy class named by ``strategy._target_`` (validated in fl_app.config)."""
-    return get_class(config.strategy.target)(config)
+def build_strategy(config: AppConfig, **run: Any) -> FederatedStrategy:
+    """Instantiate the strategy class named by ``strategy._target_`` (validated in fl_app.config), with the
+    run's extras (metrics writer, checkpoint directory, checkpoint to resume, ``on_accounted``)."""
+    return get_class(config.strategy.target)(config, **run)
 
 
 def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
-    """Global test-set evaluation of the global model (SPEC §8), model and test set built once."""
+    """Global test-set evaluation of the global model (SPEC §8) in Flower's form, model and test set built once."""
     _, test = load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
     n = config.dataset.max_test_samples or len(test)
     test_x, test_y = test.x[:n], test.y[:n]
     device = resolve_device(config.simulation.device)
     model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed).to(device)
 
-    def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, float]:
-        set_weights(model, weights)
-        return evaluate(model, test_x, test_y, device)
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        set_weights(model, arrays.to_numpy_ndarrays())
+        loss, accuracy = evaluate(model, test_x, test_y, device)
+        return MetricRecord({"test_loss": loss, "test_accuracy": accuracy})
 
     return evaluate_fn
 
@@ -90,10 +92,20 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
     limit_library_threads(torch.get_num_threads())
     output_dir.mkdir(parents=True, exist_ok=True)
     log(INFO, "Run output directory: %s", output_dir)
-    strategy = build_strategy(config)
     model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)
     initial = get_weights(model)
     checkpoint = load_checkpoint(output_dir) if config.resume else None
+    metrics = MetricsWriter(output_dir, config.num_rounds, progress=progress)
+    if checkpoint is not None:
+        metrics.truncate_after(checkpoint.round)
+    run_file: RunFile
+    strategy = build_strategy(
+        config,
+        metrics=metrics,
+        checkpoint_dir=output_dir,
+        resume_from=checkpoint,
+        on_accounted=lambda s: run_file.update(status="running", **s.dp_guarantee()),
+    )
     run_file = RunFile(
         output_dir / "run.json",
         {
@@ -114,12 +126,10 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         strategy.resolve_settings(is_simulation(grid))
     except ConfigError as exc:
         run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        metrics.close()
         raise
     run_file.update(**strategy.dp_guarantee())
     evaluate_fn = make_evaluate_fn(config)
-    metrics = MetricsWriter(output_dir, config.num_rounds, progress=progress)
-    if checkpoint is not None:
-        metrics.truncate_after(checkpoint.round)
     try:
         result = strategy.start(
             grid,
@@ -127,10 +137,6 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
             num_rounds=config.num_rounds,
             timeout=config.round_timeout,
             evaluate_fn=evaluate_fn,
-            metrics=metrics,
-            checkpoint_dir=output_dir,
-            resume_from=checkpoint,
-            on_accounted=lambda s: run_file.update(status="running", **s.dp_guarantee()),
         )
     except BaseException as exc:
         # The ε of everything released before the failure, not the start's.
@@ -140,15 +146,15 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         metrics.close()
     final = result.arrays.to_numpy_ndarrays() if len(result.arrays) else initial
     _save_model_atomic(output_dir / "final_model.npz", weight_names(model), final)
-    last_eval = result.evaluate_metrics_serverapp
-    final_metrics = dict(last_eval[max(last_eval)]) if last_eval else {}
+    evaluated = result.evaluate_metrics_serverapp
+    final_metrics = dict(evaluated[max(evaluated)]) if evaluated else {}
     if (audit := strategy.audit_report()) is not None:
         run_file.meta["audit"] = audit
     run_file.update(
         status="stopped" if strategy.stop_reason else "completed",
         stop_reason=strategy.stop_reason,
         finished=dt.datetime.now().isoformat(timespec="seconds"),
-        rounds_completed=len(result.train_metrics_clientapp),
+        rounds_completed=strategy.rounds_completed,
         final=final_metrics,
         **strategy.dp_guarantee(),
     )

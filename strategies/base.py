@@ -55,7 +55,7 @@ from clients.training import LocalTrainingConfig, NoisyLocalConfig
 from clients.vectorized import check_vectorizable
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint, save_checkpoint
-from fl_app.config import AppConfig, ConfigError
+from fl_app.config import AppConfig, ConfigError, compose_config, settings_overrides
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     STREAM_ADAPTIVE_CLIP,
@@ -95,7 +95,9 @@ COHORT_CLIENT_METRICS = ("pre_clip_norm", "train_loss", "train_accuracy", "num_s
 #: The cohort reply's lists of rejected partitions, by the rejection counter they feed.
 COHORT_REJECTIONS = {"failed_ids": "failed", "nonfinite_ids": "nonfinite", "shape_ids": "shape"}
 
-EvaluateFn = Callable[[list[np.ndarray]], tuple[float, float]]
+#: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
+#: ``test_loss`` and ``test_accuracy`` (and any other numbers) from it.
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 #: Called with the strategy whenever what it has released and accounted changes (after a resume's accounting and
 #: after every round's, before the round's model can leave the server): the ServerApp rewrites run.json.
 AccountedFn = Callable[["FederatedStrategy"], None]
@@ -125,8 +127,39 @@ class FederatedStrategy(Strategy):
     #: Why the strategy cannot clip adaptively (``privacy.clipping=adaptive``), or None if it can.
     adaptive_clipping_refusal: ClassVar[str | None] = None
 
-    def __init__(self, config: AppConfig) -> None:
+    #: The strategy's config in conf/strategy/ (what keyword construction composes).
+    config_name: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        config: AppConfig | None = None,
+        /,
+        *,
+        metrics: MetricsWriter | None = None,
+        checkpoint_dir: Path | None = None,
+        resume_from: Checkpoint | None = None,
+        on_accounted: AccountedFn | None = None,
+        **settings: Any,
+    ) -> None:
+        """Build the strategy from a validated ``config``, or from keyword ``settings`` over conf/'s defaults
+        (``DPFedSAM(num_clients=100, clip_norm=0.5, num_rounds=20)``; :func:`fl_app.config.settings_overrides`
+        says how a name finds its key), validated the same way.
+
+        What a run needs beyond Flower's ``start()`` arguments comes here: ``metrics`` (the per-round writer),
+        ``checkpoint_dir`` (checkpoints, the release log, the audit's files), ``resume_from`` (continue after that
+        checkpoint) and ``on_accounted`` (called whenever the released and accounted state changes).
+        """
+        if config is None:
+            config = compose_config(settings_overrides(self.config_name, settings))
+        elif settings:
+            raise TypeError(f"{type(self).__name__}: pass either a config or keyword settings, not both")
         self.config = config
+        self.metrics = metrics
+        self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
+        self.resume_from = resume_from
+        self.on_accounted = on_accounted
+        #: Rounds completed by start() (a resumed run counts the rounds it ran).
+        self.rounds_completed = 0
         privacy = config.privacy
         self.num_clients = config.dataset.num_clients
         if privacy.sampling == "fixed":
@@ -873,7 +906,7 @@ class FederatedStrategy(Strategy):
 
     # ----- the run -----------------------------------------------------------------------------------------------
 
-    def start(  # type: ignore[override]
+    def start(
         self,
         grid: Grid,
         initial_arrays: ArrayRecord,
@@ -882,18 +915,21 @@ class FederatedStrategy(Strategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
-        metrics: MetricsWriter | None = None,
-        checkpoint_dir: Path | None = None,
-        resume_from: Checkpoint | None = None,
-        on_accounted: AccountedFn | None = None,
     ) -> Result:
-        """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`.
+        """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`, as
+        :meth:`flwr.serverapp.strategy.Strategy.start` does: ``result.arrays`` the last released model,
+        ``train_metrics_clientapp`` the round's published client metrics (mean local train loss/accuracy under
+        raw client statistics), ``evaluate_metrics_serverapp`` what ``evaluate_fn`` returned for the initial model
+        (round 0, unless resuming) and after every ``eval_every``-th round and the last. Evaluation is central:
+        ``evaluate_config`` is accepted and unused (clients only train).
 
-        With ``checkpoint_dir`` the state after every ``checkpoint_every``-th round (and the last) is saved
-        atomically; ``resume_from`` continues after the checkpointed round with its model and accountant.
+        With ``checkpoint_dir`` (constructor) the state after every ``checkpoint_every``-th round (and the last) is
+        saved atomically; ``resume_from`` continues after the checkpointed round with its model and ledger;
         ``on_accounted`` is called after the resume's accounting and after every round's, before that round's model
         can leave the server (the ServerApp keeps run.json true with it).
         """
+        metrics, checkpoint_dir, resume_from = self.metrics, self.checkpoint_dir, self.resume_from
+        on_accounted = self.on_accounted
         if not self.settings_resolved:
             self.resolve_settings(is_simulation(grid))
         self.summary()
@@ -948,6 +984,10 @@ class FederatedStrategy(Strategy):
                 "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
         if on_accounted is not None:
             on_accounted(self)
+        if evaluate_fn is not None and resume_from is None:
+            initial = evaluate_fn(0, initial_arrays)  # Flower's start() evaluates the initial model too
+            if initial is not None:
+                result.evaluate_metrics_serverapp[0] = initial
         for server_round in range(first_round, num_rounds + 1):
             # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
             repeat = self.private and not self.secure_noise and server_round in repeatable
@@ -996,22 +1036,24 @@ class FederatedStrategy(Strategy):
             every = self.config.audit.every
             if self.canaries is not None and (server_round == num_rounds or (every and server_round % every == 0)):
                 record.update(self.evaluate_audit(server_round))
+            evaluated = None
             if evaluate_fn is not None and (server_round % self.config.eval_every == 0 or server_round == num_rounds):
-                test_loss, test_acc = evaluate_fn(outcome.new_weights)
-                result.evaluate_metrics_serverapp[server_round] = MetricRecord(
-                    {"test_loss": test_loss, "test_accuracy": test_acc}
-                )
-            else:
-                test_loss = test_acc = math.nan
-            record["test_loss"], record["test_accuracy"] = test_loss, test_acc
+                evaluated = evaluate_fn(server_round, arrays)
+            if evaluated is not None:
+                result.evaluate_metrics_serverapp[server_round] = evaluated
+                record.update({k: v for k, v in evaluated.items() if k not in record})
+            record.setdefault("test_loss", math.nan)
+            record.setdefault("test_accuracy", math.nan)
             record["wall_time_s"] = time.perf_counter() - t0
             # Where the round's time went: sending + client training + receiving, then the server's aggregation.
             record["clients_phase_s"] = t_replies - t0
             record["aggregate_s"] = t_aggregated - t_replies
             record["finished_unix"] = time.time()
-            result.train_metrics_clientapp[server_round] = MetricRecord(
-                {k: v for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            )
+            # Flower's train_metrics_clientapp: the clients' aggregated metrics, as far as they are published.
+            client_metrics = {k: published[k] for k in ("train_loss", "train_accuracy") if k in published}
+            if client_metrics:
+                result.train_metrics_clientapp[server_round] = MetricRecord(client_metrics)
+            self.rounds_completed += 1
             if metrics is not None:
                 metrics.write(record)
                 if self.client_statistics != "raw":

@@ -14,6 +14,7 @@ from strategies.base import FederatedStrategy
 
 
 class DPFedAvgBLUR(FederatedStrategy):
+    config_name = "dp_fedavg_blur"
     private = True
     local_optimizer = "sgd"
 
@@ -22,6 +23,7 @@ class DPFedAvgBLUR(FederatedStrategy):
 
 
 class DPFedAvgBLURS(FederatedStrategy):
+    config_name = "dp_fedavg_blurs"
     private = True
     local_optimizer = "sgd"
 

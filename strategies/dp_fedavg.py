@@ -7,5 +7,6 @@ from strategies.base import FederatedStrategy
 
 
 class DPFedAvg(FederatedStrategy):
+    config_name = "dp_fedavg"
     private = True
     local_optimizer = "sgd"

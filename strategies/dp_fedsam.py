@@ -8,5 +8,6 @@ from strategies.base import FederatedStrategy
 
 
 class DPFedSAM(FederatedStrategy):
+    config_name = "dp_fedsam"
     private = True
     local_optimizer = "sam"

@@ -21,6 +21,7 @@ from strategies.dp_fedsam import DPFedSAM
 
 
 class DPFedSAMTopK(DPFedSAM):
+    config_name = "dp_fedsam_topk"
     mask_sources = ("noisy", "clean")
 
     @property

@@ -21,6 +21,7 @@ from strategies.base import FederatedStrategy
 
 
 class FedSMPRandK(FederatedStrategy):
+    config_name = "fed_smp_randk"
     private = True
     local_optimizer = "sgd"
 
@@ -34,6 +35,7 @@ class FedSMPRandK(FederatedStrategy):
 
 
 class FedSMPTopK(FederatedStrategy):
+    config_name = "fed_smp_topk"
     private = True
     local_optimizer = "sgd"
     mask_sources = ("local", "global")

@@ -7,10 +7,12 @@ from strategies.base import FederatedStrategy
 
 
 class FedAvg(FederatedStrategy):
+    config_name = "fedavg"
     private = False
     local_optimizer = "sgd"
 
 
 class FedSAM(FederatedStrategy):
+    config_name = "fedsam"
     private = False
     local_optimizer = "sam"

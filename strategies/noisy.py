@@ -24,6 +24,7 @@ from strategies.base import FederatedStrategy
 
 
 class NoisyFedAvg(FederatedStrategy):
+    config_name = "noisy_fedavg"
     private = True
     local_optimizer = "sgd"
     supports_noisy_statistics = False  # the GDP bound of seed 004 has no room for another release
@@ -119,6 +120,7 @@ class NoisyFedAvg(FederatedStrategy):
 
 
 class NoisyFedProx(NoisyFedAvg):
+    config_name = "noisy_fedprox"
     algorithm = "noisy_fedprox"
 
     @property

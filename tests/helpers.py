@@ -35,8 +35,9 @@ def delta(new: list[np.ndarray], old: list[np.ndarray]) -> list[np.ndarray]:
     return [n.astype(np.float64) - o.astype(np.float64) for n, o in zip(new, old, strict=True)]
 
 
-def build(*overrides: str) -> FederatedStrategy:
-    """Compose conf/ with ``overrides`` and instantiate the configured strategy class.
+def build(*overrides: str, **run) -> FederatedStrategy:
+    """Compose conf/ with ``overrides`` and instantiate the configured strategy class, with the run's extras
+    (``metrics``, ``checkpoint_dir``, ``resume_from``, ``on_accounted``) as its constructor takes them.
 
     The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG and
     ``client_statistics=auto`` would publish none; the tests pin the seeded streams (allowed on such a grid, which
@@ -50,7 +51,7 @@ def build(*overrides: str) -> FederatedStrategy:
     if not any(o.startswith("privacy.client_statistics=") for o in overrides):
         overrides = (*overrides, "privacy.client_statistics=raw")
     config = compose_config(list(overrides))
-    return get_class(config.strategy.target)(config)
+    return get_class(config.strategy.target)(config, **run)
 
 
 def prime(

@@ -120,9 +120,9 @@ RUN = ["strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2"
 
 
 def _run(tmp_path, overrides, rounds, resume=None):
-    strategy = build(*RUN, *overrides)
+    strategy = build(*RUN, *overrides, checkpoint_dir=tmp_path, resume_from=resume)
     initial = ArrayRecord(random_update([(20, 30), (30,)], 0.1, seed=0))
-    result = strategy.start(NoisyUpdates(), initial, num_rounds=rounds, checkpoint_dir=tmp_path, resume_from=resume)
+    result = strategy.start(NoisyUpdates(), initial, num_rounds=rounds)
     return strategy, result.arrays.to_numpy_ndarrays()
 
 

@@ -85,8 +85,8 @@ class CrashingGrid(FakeGrid):
 
 
 def _run(*overrides: str, grid: FakeGrid | None = None, rounds: int = 3, **kwargs: Any) -> FederatedStrategy:
-    strategy = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.5", *overrides)
-    result = strategy.start(grid or FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds, **kwargs)
+    strategy = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.5", *overrides, **kwargs)
+    result = strategy.start(grid or FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds)
     strategy.final_weights = result.arrays.to_numpy_ndarrays()  # type: ignore[attr-defined]
     return strategy
 

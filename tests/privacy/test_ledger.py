@@ -74,8 +74,8 @@ class DoubleCountingDPFedAvg(DPFedAvg):
 def test_a_strategy_that_brings_its_own_ledger_is_accounted_by_it_everywhere(tmp_path):
     overrides = ["strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2", "privacy.max_epsilon=3"]
     config = build(*overrides).config
-    strategy = DoubleCountingDPFedAvg(config)
-    strategy.start(FakeGrid(), ArrayRecord(zeros([(4, 5)])), num_rounds=10, checkpoint_dir=tmp_path)
+    strategy = DoubleCountingDPFedAvg(config, checkpoint_dir=tmp_path)
+    strategy.start(FakeGrid(), ArrayRecord(zeros([(4, 5)])), num_rounds=10)
     # The round loop, the budget guard and run.json's claim all went through the test's ledger.
     rounds = strategy.ledger.rounds
     assert rounds % 2 == 0 and rounds > 0

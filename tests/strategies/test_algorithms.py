@@ -391,7 +391,8 @@ def test_noisy_fedavg_configure_train_sends_the_noisy_local_procedure():
 
 def test_noisy_fedavg_epsilon_is_the_gdp_bound_after_the_rounds_run(tmp_path):
     noisy_bound = noisy_bound_fn()
-    strategy = build("strategy=noisy_fedavg", *SMALL_POP)
+    writer = MetricsWriter(tmp_path, num_rounds=3, progress=False)
+    strategy = build("strategy=noisy_fedavg", *SMALL_POP, metrics=writer)
     s = strategy.config.strategy
     rounds = 3
 
@@ -411,8 +412,7 @@ def test_noisy_fedavg_epsilon_is_the_gdp_bound_after_the_rounds_run(tmp_path):
         )
 
     assert strategy.epsilon() == 0.0
-    writer = MetricsWriter(tmp_path, num_rounds=rounds, progress=False)
-    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds, metrics=writer)
+    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds)
     writer.close()
     assert strategy.epsilon() == pytest.approx(bound(rounds).epsilon, rel=1e-9)
     records = read_metrics(tmp_path / "metrics.jsonl")

@@ -501,11 +501,11 @@ FIELDS = ("round", "epsilon", "sampled", "aggregated", "norm_mean", "alpha_mean"
 
 
 def test_start_accounts_every_round_and_writes_metrics(tmp_path):
-    strategy = build("strategy=dp_fedavg", *SMALL_POP)
+    writer = MetricsWriter(tmp_path, num_rounds=3, progress=False)
+    strategy = build("strategy=dp_fedavg", *SMALL_POP, metrics=writer)
     sigma, q, delta_ = 0.95, 0.2, 1 / 50
     grid = FakeGrid()
-    writer = MetricsWriter(tmp_path, num_rounds=3, progress=False)
-    result = strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=3, metrics=writer)
+    result = strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=3)
     writer.close()
     assert strategy.stop_reason is None
     assert strategy.ledger.rounds == 3
@@ -543,10 +543,10 @@ def test_budget_guard_stops_before_the_round_that_would_exceed(tmp_path):
     sigma, q, delta_ = 0.95, 0.2, 1 / 50
     eps3, eps4 = compute_epsilon(sigma, q, 3, delta_), compute_epsilon(sigma, q, 4, delta_)
     max_eps = 0.5 * (eps3 + eps4)
-    strategy = build("strategy=dp_fedavg", *SMALL_POP, f"privacy.max_epsilon={max_eps!r}")
-    grid = FakeGrid()
     writer = MetricsWriter(tmp_path, num_rounds=10, progress=False)
-    result = strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=10, metrics=writer)
+    strategy = build("strategy=dp_fedavg", *SMALL_POP, f"privacy.max_epsilon={max_eps!r}", metrics=writer)
+    grid = FakeGrid()
+    result = strategy.start(grid, ArrayRecord(zeros(SMALL_SHAPES)), num_rounds=10)
     writer.close()
     assert strategy.ledger.rounds == 3
     assert len(grid.sent) == 3
@@ -598,13 +598,13 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path, name):
     full = build(*overrides)
     reference = full.start(FakeGrid(), initial, num_rounds=4).arrays.to_numpy_ndarrays()
 
-    first = build(*overrides)
-    first.start(FakeGrid(), initial, num_rounds=2, checkpoint_dir=tmp_path)
+    first = build(*overrides, checkpoint_dir=tmp_path)
+    first.start(FakeGrid(), initial, num_rounds=2)
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.round == 2
 
-    resumed = build(*overrides)
-    result = resumed.start(FakeGrid(), initial, num_rounds=4, resume_from=ckpt)
+    resumed = build(*overrides, resume_from=ckpt)
+    result = resumed.start(FakeGrid(), initial, num_rounds=4)
     for a, b in zip(result.arrays.to_numpy_ndarrays(), reference, strict=True):
         np.testing.assert_array_equal(a, b)
     assert resumed.epsilon() == full.epsilon()
@@ -614,7 +614,7 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path, name):
 def test_round_zero_checkpoint_is_written_before_the_first_round(tmp_path):
     from fl_app.checkpoint import load_checkpoint
 
-    strategy = build("strategy=dp_fedavg", *SMALL_POP, "checkpoint_every=5")
+    strategy = build("strategy=dp_fedavg", *SMALL_POP, "checkpoint_every=5", checkpoint_dir=tmp_path)
     weights = random_update(SMALL_SHAPES, 0.1, seed=0)
 
     class StopAfterSampling(FakeGrid):
@@ -622,7 +622,7 @@ def test_round_zero_checkpoint_is_written_before_the_first_round(tmp_path):
             raise KeyboardInterrupt  # the server dies during round 1
 
     with pytest.raises(KeyboardInterrupt):
-        strategy.start(StopAfterSampling(), ArrayRecord(weights), num_rounds=3, checkpoint_dir=tmp_path)
+        strategy.start(StopAfterSampling(), ArrayRecord(weights), num_rounds=3)
     ckpt = load_checkpoint(tmp_path)
     assert ckpt.round == 0
     for a, b in zip(ckpt.weights, weights, strict=True):

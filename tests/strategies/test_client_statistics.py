@@ -40,10 +40,10 @@ def test_none_and_noisy_publish_no_client_derived_value_and_no_count_of_clients(
 
 @pytest.mark.parametrize("mode", ["none", "noisy"])
 def test_counts_go_only_to_the_operators_record(tmp_path, mode, caplog):
-    strategy = build(*POP, f"privacy.client_statistics={mode}")
     metrics = MetricsWriter(tmp_path, 2, progress=False)
+    strategy = build(*POP, f"privacy.client_statistics={mode}", metrics=metrics)
     with caplog.at_level(logging.INFO):
-        strategy.start(FakeGrid("errors"), ArrayRecord(zeros(SHAPES)), num_rounds=2, metrics=metrics)
+        strategy.start(FakeGrid("errors"), ArrayRecord(zeros(SHAPES)), num_rounds=2)
     metrics.close()
     published = read_metrics(tmp_path / "metrics.jsonl")
     operator = read_metrics(tmp_path / OPERATOR_FILE)
@@ -58,9 +58,9 @@ def test_counts_go_only_to_the_operators_record(tmp_path, mode, caplog):
 
 
 def test_raw_publishes_counts_and_writes_no_operator_record(tmp_path):
-    strategy = build(*POP, "privacy.client_statistics=raw")
     metrics = MetricsWriter(tmp_path, 1, progress=False)
-    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1, metrics=metrics)
+    strategy = build(*POP, "privacy.client_statistics=raw", metrics=metrics)
+    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
     metrics.close()
     assert set(CLIENT_COUNTS) <= set(read_metrics(tmp_path / "metrics.jsonl")[0])
     assert not (tmp_path / OPERATOR_FILE).exists()

@@ -81,9 +81,9 @@ def test_secure_sampling_draws_have_the_stated_law():
 
 
 def _run(overrides, tmp, rounds, grid=None, resume=None):
-    strategy = build(*overrides)
+    strategy = build(*overrides, checkpoint_dir=tmp, resume_from=resume)
     initial = ArrayRecord(random_update(SHAPES, 0.1, seed=0))
-    strategy.start(grid or FakeGrid(), initial, num_rounds=rounds, checkpoint_dir=tmp, resume_from=resume)
+    strategy.start(grid or FakeGrid(), initial, num_rounds=rounds)
     return strategy
 
 
