@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.superlink.grid import InMemoryGrid
 from hydra.utils import get_class
 
 from fl_app.config import compose_config
@@ -168,4 +169,41 @@ class FakeGrid:
                 continue
             replies.append(reply(pid, zeros(shapes), pre_clip_norm=0.0, to=msg))
         self.sent.append(sorted(round_ids))
+        return replies
+
+
+class InProcessGrid(InMemoryGrid):
+    """Flower's simulation engine without Ray: each train message goes through Flower's wire format (protobuf serde)
+    to the real ClientApp handler (``fl_app.client_app.train``) in this process, and its reply back the same way.
+    A handler that raises becomes an error reply, as under the engine. ``is_simulation`` holds (an in-memory
+    grid), so ``auto`` settings resolve as in a simulation (seeded streams, raw statistics, one cohort a node)."""
+
+    def __init__(self, nodes: int = 2) -> None:  # Flower's in-memory grid needs a LinkState; this one does not
+        self.node_ids = list(range(1, nodes + 1))
+        self.sent: list[int] = []  # messages per round
+        self._pushes = 0
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_ids)
+
+    def send_and_receive(self, messages, timeout=None):
+        from flwr.app import Context
+        from flwr.common.serde import message_from_proto, message_to_proto
+
+        from fl_app.client_app import train
+
+        messages = list(messages)
+        replies = []
+        for i, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"ip{self._pushes}-{i}"  # what a grid does on push
+            received = message_from_proto(message_to_proto(message))
+            context = Context(run_id=1, node_id=message.metadata.dst_node_id, node_config={}, state=RecordDict(),
+                              run_config={})  # fmt: skip
+            try:
+                answer = train(received, context)
+            except Exception as exc:  # the engine turns a ClientApp exception into an error reply
+                answer = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=received)
+            replies.append(message_from_proto(message_to_proto(answer)))
+        self._pushes += 1
+        self.sent.append(len(messages))
         return replies

@@ -76,28 +76,34 @@ def _tail(text: str, chars: int = 4000) -> str:
     return text[-chars:]
 
 
-# Insecure deployments run in test_deployment_privacy.py and the SuperNode-dies test below; TLS only here.
-@pytest.mark.parametrize("tls", [pytest.param(False, marks=pytest.mark.slow), True], ids=["insecure", "tls"])
+def _assert_tls_only(dep: Deployment) -> None:
+    """The SuperLink really speaks TLS only: the same address through a plain-HTTP connection is refused."""
+    config = Path(dep.env["FLWR_HOME"]) / "config.toml"
+    address = config.read_text().split('address = "')[1].split('"')[0]
+    config.write_text(config.read_text() + f'\n[superlink.plain]\naddress = "{address}"\ninsecure = true\n')
+    plain = subprocess.run(
+        [str(BIN / "flwr"), "supernode", "list", "plain", "--format", "json"],
+        cwd=ROOT,
+        env=dep.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    refused = json.loads(plain.stdout)
+    assert refused["success"] is False, plain.stdout + plain.stderr
+    assert "unavailable" in refused["error-message"], refused
+
+
+# Slow: the default suite's deployments are test_deployment_privacy.py (insecure, 4 SuperNodes, two runs) and the
+# TLS run below, whose first round trains on both SuperNodes before one of them dies.
+@pytest.mark.slow
+@pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls"])
 def test_two_supernodes_train_dp_fedsam(short_tmp: Path, tls: bool) -> None:
     out = short_tmp / "out"
     run_config = deploy_run_config(out, NODES, num_rounds=2, overrides=SMALL_SIGMA)
     with deployment(short_tmp, NODES, tls=tls) as dep:
         if tls:
-            # The SuperLink really speaks TLS only: the same address through a plain-HTTP connection is refused.
-            config = Path(dep.env["FLWR_HOME"]) / "config.toml"
-            address = config.read_text().split('address = "')[1].split('"')[0]
-            config.write_text(config.read_text() + f'\n[superlink.plain]\naddress = "{address}"\ninsecure = true\n')
-            plain = subprocess.run(
-                [str(BIN / "flwr"), "supernode", "list", "plain", "--format", "json"],
-                cwd=ROOT,
-                env=dep.env,
-                capture_output=True,
-                text=True,
-                timeout=120,
-            )
-            refused = json.loads(plain.stdout)
-            assert refused["success"] is False, plain.stdout + plain.stderr
-            assert "unavailable" in refused["error-message"], refused
+            _assert_tls_only(dep)
         proc = flwr_run(dep.env, dep.connection, run_config, timeout=400)
     context = f"flwr run:\n{_tail(proc.stdout)}\n{_tail(proc.stderr)}\n{dep.tails()}"
     assert proc.returncode == 0, context
@@ -111,10 +117,11 @@ def test_two_supernodes_train_dp_fedsam(short_tmp: Path, tls: bool) -> None:
     _assert_all_stopped(dep)
 
 
-def test_run_completes_when_a_supernode_dies_mid_run(short_tmp: Path) -> None:
+def test_tls_run_trains_on_both_nodes_and_completes_when_one_dies_mid_run(short_tmp: Path) -> None:
     out = short_tmp / "out"
     run_config = deploy_run_config(out, NODES, num_rounds=3, extra="round_timeout=40", overrides=SMALL_SIGMA)
-    with deployment(short_tmp, NODES, tls=False) as dep:
+    with deployment(short_tmp, NODES, tls=True) as dep:
+        _assert_tls_only(dep)
         dep.logs["flwr run"] = short_tmp / "flwr_run.log"
         run = start_flwr_run(dep.env, dep.connection, run_config, dep.logs["flwr run"])
         try:
@@ -130,6 +137,7 @@ def test_run_completes_when_a_supernode_dies_mid_run(short_tmp: Path) -> None:
             stop_process_group(run)
     context = dep.tails()
     assert returncode == 0, context
+    assert "insecure HTTP server" not in dep.logs["superlink"].read_text(errors="replace"), context
     _assert_completed(out, rounds=3, context=context)
     counts = _operator_counts(out, rounds=3)
     assert counts[0]["aggregated"] == NODES and counts[0]["failed"] == 0, (counts[0], context)
