@@ -104,6 +104,55 @@ AccountedFn = Callable[["FederatedStrategy"], None]
 
 
 @dataclass
+class RoundPlan:
+    """One round as :meth:`FederatedStrategy.plan_round` planned it, and all :meth:`FederatedStrategy.aggregate`
+    needs of it: no per-round state lives on the strategy.
+
+    ``sent`` pairs each train message with the partitions it carries (one client, or a cohort); the grid assigns
+    the message ids on sending, and a reply counts only as the answer to one of these, from the node it went to,
+    once (:meth:`bind`).
+    """
+
+    server_round: int
+    global_weights: list[np.ndarray]
+    instructions: TrainInstructions
+    sampled: int
+    sent: list[tuple[Message, list[int]]] = field(default_factory=list)
+    #: The round's public shared mask (Fed-SMP), None = dense.
+    mask: list[np.ndarray] | None = None
+    #: True when each message carries a cohort of clients and is answered with their sum.
+    cohort_mode: bool = False
+    #: Partitions whose answer is still expected; binding a reply removes its partitions.
+    awaiting: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if not self.awaiting:
+            self.awaiting = {pid for _, ids in self.sent for pid in ids}
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(w.shape) for w in self.global_weights]
+
+    @property
+    def messages(self) -> list[Message]:
+        return [message for message, _ in self.sent]
+
+    def bind(self, reply: Message) -> list[int] | None:
+        """The partitions of the message ``reply`` answers, or None if it answers none of this round's messages
+        (a stale reply to an earlier round, a foreign or forged id), comes from another node than the message
+        went to, or answers a message that was already answered. Binding marks the message answered."""
+        reply_to = reply.metadata.reply_to_message_id
+        for message, ids in self.sent:
+            if message.metadata.message_id != reply_to:
+                continue
+            if reply.metadata.src_node_id != message.metadata.dst_node_id or not set(ids) <= self.awaiting:
+                return None
+            self.awaiting -= set(ids)
+            return ids
+        return None
+
+
+@dataclass
 class RoundOutcome:
     """What aggregation produced, before evaluation and accounting fill in the rest of the record."""
 
@@ -242,17 +291,12 @@ class FederatedStrategy(Strategy):
         )
         self.population = Population(config.population, self.num_clients)
         self._check_cohort_engine()
-        self._shapes: list[tuple[int, ...]] = []
-        self._global: list[np.ndarray] = []
-        self._sampled = 0
-        self._awaiting: set[int] = set()
-        # This round's train messages and the partitions each carries (one, or a cohort); the grid assigns the
-        # message ids on sending, and a reply counts only as the answer to one of these, from its node, once.
-        self._sent: list[tuple[Message, list[int]]] = []
-        self._cohort_mode = False
         self._simulation = False
-        self._round_mask: list[np.ndarray] | None = None
-        self._previous_global: list[np.ndarray] = []
+        #: The global model the last planned round started from (cross-round state: Fed-SMP-topk's global mask is
+        #: the top-k of the last global update; checkpointed as ``previous_global``).
+        self.last_round_global: list[np.ndarray] = []
+        # The plan of the round under way when Flower's own loop drives configure_train / aggregate_train.
+        self._flower_round: RoundPlan | None = None
         self.stop_reason: str | None = None
         self._releases: ReleaseLog | None = None
         self._releases_logged = 0
@@ -261,7 +305,6 @@ class FederatedStrategy(Strategy):
         self.settings_resolved = False
         #: Releases this run has logged (and accounted), resumed ones included: run.json's ``rounds_released``.
         self.rounds_released = 0
-        self._instructions: TrainInstructions | None = None
         #: The run's canary clients (``audit``; created in start()), and the latest evaluation of the audit.
         self.canaries: CanaryAudit | None = None
         self.audit_result: AuditResult | None = None
@@ -471,8 +514,11 @@ class FederatedStrategy(Strategy):
     def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:
         return local_training_config(self.config, self.local_optimizer)
 
-    def round_mask(self, server_round: int) -> list[np.ndarray] | None:
-        """A public, data-independent mask shared by every client this round (None = dense)."""
+    def round_mask(
+        self, server_round: int, global_weights: list[np.ndarray], previous_global: list[np.ndarray]
+    ) -> list[np.ndarray] | None:
+        """A public, data-independent mask shared by every client this round (None = dense), from the round's global
+        model and the one the previous round started from ([] before the first)."""
         return None
 
     def postprocess(self, noisy_average: list[np.ndarray]) -> list[np.ndarray]:
@@ -526,16 +572,60 @@ class FederatedStrategy(Strategy):
         if self.private and (reason := self.not_covered_reason()):
             log(WARNING, "The reported epsilon does NOT cover this run: %s", reason)
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        self._previous_global = self._global
-        self._global = arrays.to_numpy_ndarrays()
-        self._shapes = [tuple(w.shape) for w in self._global]
-        sampled = self.sample_clients(server_round)
+    def plan_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None = None) -> RoundPlan:
+        """Steps 2-3: sample the round's clients and build their train messages (one per client, or one per cohort).
+
+        ``config`` (Flower's ``train_config``) is passed on to every client beside the instructions.
+        """
+        sampled = [int(pid) for pid in self.sample_clients(server_round).tolist()]
+        return self.plan_for(server_round, arrays, sampled, config)
+
+    def plan_for(
+        self, server_round: int, arrays: ArrayRecord, sampled: list[int], config: ConfigRecord | None = None
+    ) -> RoundPlan:
+        """Step 3 for the sampled partitions ``sampled``: the round's mask, instructions and train messages."""
+        config = ConfigRecord() if config is None else config
+        global_weights = arrays.to_numpy_ndarrays()
+        previous, self.last_round_global = self.last_round_global, global_weights
+        mask = self.round_mask(server_round, global_weights, previous)
+        instructions = self.train_instructions(server_round)
+        record = instructions.to_config_record()
+        cohorts = self.plan_cohorts(sampled)
+        groups = cohorts if cohorts is not None else [[pid] for pid in sampled]
+        sent = []
+        for position, ids in enumerate(groups):
+            faults = [self.config.fault_injection.fault_of(pid) for pid in ids]
+            # A cohort message names its partitions and their faults; a per-client message its one partition.
+            carried = (
+                {"partition_ids": ids, "faults": faults}
+                if cohorts is not None
+                else {"partition_id": ids[0], "fault": faults[0]}
+            )
+            content = RecordDict({"arrays": arrays, "config": ConfigRecord({**record, **config, **carried})})
+            if mask is not None:
+                content["mask"] = ArrayRecord([m.astype(np.uint8) for m in mask])
+            message = Message(
+                content,
+                dst_node_id=self.population.node_for(ids[0], position),
+                message_type=MessageType.TRAIN,
+                group_id=str(server_round),  # as Flower's strategies do: nodes log "[RUN r, ROUND t]"
+            )
+            sent.append((message, ids))
+        return RoundPlan(
+            server_round=server_round,
+            global_weights=global_weights,
+            instructions=instructions,
+            sampled=len(sampled),
+            sent=sent,
+            mask=mask,
+            cohort_mode=cohorts is not None,
+            awaiting=set(sampled),
+        )
+
+    def train_instructions(self, server_round: int) -> TrainInstructions:
+        """What every client of the round is told: the recipe, the local procedure, C_t, σ, m, the noise placement."""
         p = self.config.privacy
-        self._round_mask = self.round_mask(server_round)
-        self._instructions = make_train_instructions(
+        return make_train_instructions(
             self.config,
             server_round,
             recipe=self.client_recipe(),
@@ -546,36 +636,13 @@ class FederatedStrategy(Strategy):
             expected_clients=self.expected_clients,
             secure_noise=self.secure_noise,
         )
-        instructions = self._instructions.to_config_record()
-        self._sampled = len(sampled)
-        self._awaiting = set(sampled.tolist())
-        cohorts = self.plan_cohorts([int(pid) for pid in sampled.tolist()])
-        self._cohort_mode = cohorts is not None
-        if cohorts is not None:
-            self._sent = self._cohort_messages_for(cohorts, arrays, instructions, config, server_round)
-            return [message for message, _ in self._sent]
-        messages: list[tuple[Message, list[int]]] = []
-        for position, partition_id in enumerate(sampled.tolist()):
-            client_config = ConfigRecord(
-                {
-                    **instructions,
-                    **config,
-                    "partition_id": int(partition_id),
-                    "fault": self.config.fault_injection.fault_of(int(partition_id)),
-                }
-            )
-            content = RecordDict({"arrays": arrays, "config": client_config})
-            if self._round_mask is not None:
-                content["mask"] = ArrayRecord([m.astype(np.uint8) for m in self._round_mask])
-            message = Message(
-                content,
-                dst_node_id=self.population.node_for(int(partition_id), position),
-                message_type=MessageType.TRAIN,
-                group_id=str(server_round),  # as Flower's strategies do: nodes log "[RUN r, ROUND t]"
-            )
-            messages.append((message, [int(partition_id)]))
-        self._sent = messages
-        return [message for message, _ in messages]
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's hook: the plan's messages (the plan is kept for :meth:`aggregate_train` of the same round)."""
+        self._flower_round = self.plan_round(server_round, arrays, config)
+        return self._flower_round.messages
 
     # ----- cohort mode (issue 12) ---------------------------------------------------------------------------
 
@@ -611,40 +678,14 @@ class FederatedStrategy(Strategy):
             return None
         return balance_cohorts(sampled, [self.local_steps(pid) for pid in sampled], count)
 
-    def _cohort_messages_for(
-        self,
-        cohorts: list[list[int]],
-        arrays: ArrayRecord,
-        instructions: ConfigRecord,
-        config: ConfigRecord,
-        server_round: int = 0,
-    ) -> list[tuple[Message, list[int]]]:
-        messages = []
-        for position, cohort in enumerate(cohorts):
-            client_config = ConfigRecord(
-                {
-                    **instructions,
-                    **config,
-                    "partition_ids": cohort,
-                    "faults": [self.config.fault_injection.fault_of(pid) for pid in cohort],
-                }
-            )
-            content = RecordDict({"arrays": arrays, "config": client_config})
-            if self._round_mask is not None:
-                content["mask"] = ArrayRecord([m.astype(np.uint8) for m in self._round_mask])
-            message = Message(
-                content,
-                dst_node_id=self.population.node_for(cohort[0], position),
-                message_type=MessageType.TRAIN,
-                group_id=str(server_round),
-            )
-            messages.append((message, cohort))
-        return messages
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        outcome = self.aggregate(server_round, replies)
+        plan = self._flower_round
+        if plan is None or plan.server_round != server_round:
+            raise RuntimeError(f"aggregate_train({server_round}) without configure_train of that round")
+        self._flower_round = None
+        outcome = self.aggregate(plan, replies)
         return ArrayRecord(outcome.new_weights), MetricRecord(
             {k: v for k, v in outcome.stats.items() if isinstance(v, (int, float))}
         )
@@ -660,22 +701,8 @@ class FederatedStrategy(Strategy):
 
     # ----- the aggregation of steps 5-6 -------------------------------------------------------------------------
 
-    def bind_reply(self, reply: Message) -> list[int] | None:
-        """The partitions of the message ``reply`` answers, or None if it answers none of this round's messages
-        (a stale reply to an earlier round, a foreign or forged id), comes from another node than the message
-        went to, or answers a message that was already answered. Binding marks the message answered."""
-        reply_to = reply.metadata.reply_to_message_id
-        for message, ids in self._sent:
-            if message.metadata.message_id != reply_to:
-                continue
-            if reply.metadata.src_node_id != message.metadata.dst_node_id or not set(ids) <= self._awaiting:
-                return None
-            self._awaiting -= set(ids)
-            return ids
-        return None
-
-    def screen_reply(self, reply: Message, partition_id: int) -> tuple[str, Any]:
-        """Classify the reply for ``partition_id`` (the partition its message carried, :meth:`bind_reply`) as
+    def screen_reply(self, plan: RoundPlan, reply: Message, partition_id: int) -> tuple[str, Any]:
+        """Classify the reply for ``partition_id`` (the partition its message carried, :meth:`RoundPlan.bind`) as
         ("ok", (partition_id, update, metrics)) or (rejection kind, reason).
 
         Nothing a client sends is trusted: an error, a missing or malformed field, a partition id other than the
@@ -694,13 +721,13 @@ class FederatedStrategy(Strategy):
             return "malformed", f"missing or non-numeric field ({type(exc).__name__})"
         if metrics["partition_id"] != partition_id:  # NaN, ±Inf, fractions and other partitions all differ
             return "malformed", f"reply claims partition {metrics['partition_id']}, its message carried another"
-        if (kind := mech.screen_update(update, self._shapes)) is not None:
+        if (kind := mech.screen_update(update, plan.shapes)) is not None:
             return kind, f"the update has {kind} values"
         if not (math.isfinite(metrics["pre_clip_norm"]) and metrics["pre_clip_norm"] >= 0):
             return "malformed", f"pre_clip_norm={metrics['pre_clip_norm']}"
         return "ok", (partition_id, update, metrics)
 
-    def screen_cohort_reply(self, reply: Message, ids: list[int]) -> tuple[str, Any]:
+    def screen_cohort_reply(self, plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Any]:
         """Classify a cohort reply (for the cohort ``ids`` its message carried) as ("ok", payload) or (kind, reason).
 
         The payload is (sum of the accepted clients' updates, [(partition id, metrics)] of those clients,
@@ -730,7 +757,7 @@ class FederatedStrategy(Strategy):
         if not (worker_reclipped.is_integer() and 0 <= worker_reclipped <= len(accepted_ids)):
             # NaN and ±Inf fail is_integer(); a count outside [0, k] would corrupt the published clip statistics.
             return "malformed", f"cohort reply claims {worker_reclipped} re-clipped of {len(accepted_ids)} accepted"
-        if (kind := mech.screen_update(total, self._shapes)) is not None:
+        if (kind := mech.screen_update(total, plan.shapes)) is not None:
             return kind, f"cohort {ids[:5]}... sent a sum with {kind} values"
         clients = [
             (int(pid), {**{k: stats[k][i] for k in COHORT_CLIENT_METRICS}, "partition_id": pid, **stamps})
@@ -746,22 +773,24 @@ class FederatedStrategy(Strategy):
         if self.client_statistics == "raw":
             log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, reason)
 
-    def aggregate(self, server_round: int, replies: Iterable[Message]) -> RoundOutcome:
+    def aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> RoundOutcome:
+        """Steps 5-6 over the replies to ``plan``'s messages: bind, screen, admit, sum, noise, the server step."""
+        server_round = plan.server_round
         counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
         reclipped = received = 0
         # (first partition id, an update or a cohort's sum, the number of client updates in it)
         contributions: list[tuple[int, list[np.ndarray], int]] = []
         clients: list[tuple[int, dict[str, float]]] = []
         for reply in replies:
-            ids = self.bind_reply(reply)
+            ids = plan.bind(reply)
             if ids is None:
                 counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
                 self._log_rejection(server_round, "malformed", "not the first answer to a message of this round "
                                     "from the node it went to")  # fmt: skip
                 continue
             received += len(ids)
-            if self._cohort_mode:
-                kind, payload = self.screen_cohort_reply(reply, ids)
+            if plan.cohort_mode:
+                kind, payload = self.screen_cohort_reply(plan, reply, ids)
                 if kind != "ok":
                     counts[kind] += len(ids)
                     self._log_rejection(server_round, kind, payload)
@@ -772,8 +801,8 @@ class FederatedStrategy(Strategy):
                 reclipped += worker_reclipped
                 if not accepted:
                     continue
-                if self._round_mask is not None:
-                    total = mech.apply_mask(total, self._round_mask)
+                if plan.mask is not None:
+                    total = mech.apply_mask(total, plan.mask)
                 if self.server_clips:
                     # The worker re-clipped each client to C; a sum of k such updates is within k·C.
                     total, norm = mech.clip_update(total, len(accepted) * self.clip_norm)
@@ -781,32 +810,32 @@ class FederatedStrategy(Strategy):
                 contributions.append((accepted[0][0], total, len(accepted)))
                 clients.extend(accepted)
                 continue
-            kind, payload = self.screen_reply(reply, ids[0])
+            kind, payload = self.screen_reply(plan, reply, ids[0])
             if kind != "ok":
                 counts[kind] += 1
                 self._log_rejection(server_round, kind, payload)
                 continue
             partition_id, update, metrics = payload
-            update, was_reclipped = self.admit(update)
+            update, was_reclipped = self.admit(plan, update)
             reclipped += was_reclipped
             contributions.append((partition_id, update, 1))
             clients.append((partition_id, metrics))
-        canaries = self.canary_updates(server_round)
+        canaries = self.canary_updates(plan)
         # After every real client (ids M + i), adding nothing to the count of clients: m stays the real clients'.
         contributions += [(self.num_clients + index, update, 0) for index, update in canaries]
 
         contributions.sort(key=lambda item: item[0])  # fixed summation order: same seed, same model
         clients.sort(key=lambda item: item[0])
         num_clients = sum(n for _, _, n in contributions)
-        average = self.combine(server_round, [u for _, u, _ in contributions], num_clients)
-        new_weights = self.server_optimizer.step(self._global, average)
+        average = self.combine(plan, [u for _, u, _ in contributions], num_clients)
+        new_weights = self.server_optimizer.step(plan.global_weights, average)
 
         norms = [float(m["pre_clip_norm"]) for _, m in clients]
         stats: dict[str, Any] = {
-            "sampled": self._sampled,
+            "sampled": plan.sampled,
             "received": received,
             "aggregated": num_clients,
-            "failed": counts["failed"] + (self._sampled - received),
+            "failed": counts["failed"] + (plan.sampled - received),
             "rejected_malformed": counts["malformed"],
             "rejected_nonfinite": counts["nonfinite"],
             "rejected_shape": counts["shape"],
@@ -841,11 +870,11 @@ class FederatedStrategy(Strategy):
         self.clip_norm = adaptive.next_clip_norm(self.clip_norm, fraction, p.target_quantile, p.clip_learning_rate)
         return {"fraction_clipped_noisy": fraction, "clip_norm_next": self.clip_norm}
 
-    def admit(self, update: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
+    def admit(self, plan: RoundPlan, update: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
         """Step 5 for one screened update: the round's mask, the server's clip; (update, 1 if re-clipped)."""
-        if self._round_mask is not None:
+        if plan.mask is not None:
             # The round's mask is public; whatever a client sent outside it is dropped.
-            update = mech.apply_mask(update, self._round_mask)
+            update = mech.apply_mask(update, plan.mask)
         if not self.server_clips:
             return update, 0
         # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
@@ -853,21 +882,21 @@ class FederatedStrategy(Strategy):
         update, server_norm = mech.clip_update(update, clip_norm)
         return update, int(server_norm > clip_norm * (1 + 1e-5))
 
-    def canary_updates(self, server_round: int) -> list[tuple[int, list[np.ndarray]]]:
+    def canary_updates(self, plan: RoundPlan) -> list[tuple[int, list[np.ndarray]]]:
         """This round's canaries (``audit``) after the path a real client's update takes: the recipe's client
         mechanisms (mask, clip; no noise of its own, so the round's noise stays the accounted σC/m), then
         :meth:`admit`. Canaries are not counted in the number of clients (m, the top-up noise, statistics)."""
-        if self.canaries is None or self._instructions is None:
+        if self.canaries is None:
             return []
         # A canary's noise would raise the round's noise above the accounted one; the noise it "owes" in client
         # placement is covered by the top-up, which counts real clients only.
-        instructions = replace(self._instructions, add_noise=False)
+        instructions = replace(plan.instructions, add_noise=False)
         updates = []
-        for index in self.canaries.participants(server_round):
+        for index in self.canaries.participants(plan.server_round):
             sent, _ = privatize_update(
-                self.canaries.update(index, self.clip_norm), instructions, self.num_clients + index, self._round_mask
+                self.canaries.update(index, self.clip_norm), instructions, self.num_clients + index, plan.mask
             )
-            updates.append((index, self.admit(sent)[0]))
+            updates.append((index, self.admit(plan, sent)[0]))
         return updates
 
     @property
@@ -879,30 +908,30 @@ class FederatedStrategy(Strategy):
     def server_clips(self) -> bool:
         return self.private and self.config.privacy.placement == "server"
 
-    def combine(self, server_round: int, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
+    def combine(self, plan: RoundPlan, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
         """Steps 6: uniform sum over the fixed denominator m, the server's noise, post-processing.
 
         ``updates`` are client updates or cohort sums of them (their sum is the same); ``num_clients`` is the
         number of client updates they hold.
         """
         if not self.private:
-            return mech.uniform_average(updates, max(num_clients, 1), self._shapes)
+            return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
         p = self.config.privacy
-        average = mech.uniform_average(updates, self.expected_clients, self._shapes)
+        average = mech.uniform_average(updates, self.expected_clients, plan.shapes)
         if p.placement == "server":
             std = mech.gaussian_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, "server")
         else:
             std = mech.client_noise_topup_std(self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients)
-        average = mech.add_gaussian_noise(average, std, self._noise_rng(server_round))
-        support = self.noise_support(updates)
+        average = mech.add_gaussian_noise(average, std, self._noise_rng(plan.server_round))
+        support = self.noise_support(plan, updates)
         if support is not None:
             average = mech.apply_mask(average, support)
         return self.postprocess(average)
 
-    def noise_support(self, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
+    def noise_support(self, plan: RoundPlan, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
         """Coordinates that carry noise (None = all): the round's shared mask for Fed-SMP. ``updates`` may be
         cohort sums: the support of a sum is the union of its clients' supports (up to exact cancellation)."""
-        return self._round_mask
+        return plan.mask
 
     # ----- the run -----------------------------------------------------------------------------------------------
 
@@ -1001,14 +1030,13 @@ class FederatedStrategy(Strategy):
                 log(WARNING, "Stopping before round %d: %s", server_round, self.stop_reason)
                 break
             t0 = time.perf_counter()
-            replies = grid.send_and_receive(
-                self.configure_train(server_round, arrays, train_config, grid), timeout=timeout
-            )
+            plan = self.plan_round(server_round, arrays, train_config)
+            replies = grid.send_and_receive(plan.messages, timeout=timeout)
             t_replies = time.perf_counter()
-            outcome = self.aggregate(server_round, replies)
+            outcome = self.aggregate(plan, replies)
             t_aggregated = time.perf_counter()
             if self.canaries is not None:
-                self.canaries.observe(server_round, self._global, outcome.new_weights)
+                self.canaries.observe(server_round, plan.global_weights, outcome.new_weights)
             release = self.release(server_round, outcome.new_weights) if self.private else None
             if repeat and release is not None and release.digest not in repeatable.pop(server_round):
                 raise ReleaseMismatchError(
@@ -1135,7 +1163,7 @@ class FederatedStrategy(Strategy):
         ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
         state = {**ledger, **optimizer_state, "releases_logged": self._releases_logged, "clip_norm": self.clip_norm}
-        arrays = {"previous_global": list(self._global), **optimizer_arrays}
+        arrays = {"previous_global": list(self.last_round_global), **optimizer_arrays}
         if self.canaries is not None:
             audit_state, audit_arrays = self.canaries.state()
             state.update(audit_state)
@@ -1149,7 +1177,7 @@ class FederatedStrategy(Strategy):
         # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
         self.clip_norm = float(state.get("clip_norm", self.config.privacy.clip_norm))
         # The global model the checkpointed round started from: the "previous global" of the next round.
-        self._global = list(arrays.get("previous_global", []))
+        self.last_round_global = list(arrays.get("previous_global", []))
 
 
 def is_simulation(grid: Grid) -> bool:

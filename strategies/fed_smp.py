@@ -17,7 +17,7 @@ import numpy as np
 
 from fl_app.instructions import STREAM_ROUND_MASK, RecipeSpec
 from fl_app.privacy import mechanisms as mech
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, RoundPlan
 
 
 class FedSMPRandK(FederatedStrategy):
@@ -29,9 +29,11 @@ class FedSMPRandK(FederatedStrategy):
         s = self.config.strategy
         return RecipeSpec(kind="shared_mask", sparsity=s.sparsity, rescale=s.rescale)
 
-    def round_mask(self, server_round: int) -> list[np.ndarray] | None:
+    def round_mask(
+        self, server_round: int, global_weights: list[np.ndarray], previous_global: list[np.ndarray]
+    ) -> list[np.ndarray] | None:
         rng = self.round_rng(server_round, STREAM_ROUND_MASK)
-        return mech.randk_mask(self._shapes, self.config.strategy.sparsity, rng)
+        return mech.randk_mask([w.shape for w in global_weights], self.config.strategy.sparsity, rng)
 
 
 class FedSMPTopK(FederatedStrategy):
@@ -48,20 +50,23 @@ class FedSMPTopK(FederatedStrategy):
         kind = "topk_local" if self._local else "shared_mask"
         return RecipeSpec(kind=kind, sparsity=self.config.strategy.sparsity, rescale=False)
 
-    def round_mask(self, server_round: int) -> list[np.ndarray] | None:
+    def round_mask(
+        self, server_round: int, global_weights: list[np.ndarray], previous_global: list[np.ndarray]
+    ) -> list[np.ndarray] | None:
         if self._local:
             return None
         p = self.config.strategy.sparsity
-        if not self._previous_global:
-            return mech.randk_mask(self._shapes, p, self.round_rng(server_round, STREAM_ROUND_MASK))
-        last_update = [w - v for w, v in zip(self._global, self._previous_global, strict=True)]
+        if not previous_global:
+            shapes = [w.shape for w in global_weights]
+            return mech.randk_mask(shapes, p, self.round_rng(server_round, STREAM_ROUND_MASK))
+        last_update = [w - v for w, v in zip(global_weights, previous_global, strict=True)]
         return mech.topk_mask(last_update, p)
 
-    def noise_support(self, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
+    def noise_support(self, plan: RoundPlan, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
         if not self._local:
-            return self._round_mask
+            return plan.mask
         # As published: noise on the kept coordinates, i.e. the union of the clients' (data-dependent) supports.
-        support = [np.zeros(shape, dtype=bool) for shape in self._shapes]
+        support = [np.zeros(shape, dtype=bool) for shape in plan.shapes]
         for update in updates:
             support = [s | (u != 0) for s, u in zip(support, update, strict=True)]
         return support

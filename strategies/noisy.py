@@ -20,7 +20,7 @@ from fl_app.instructions import RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, RoundPlan
 
 
 class NoisyFedAvg(FederatedStrategy):
@@ -114,9 +114,9 @@ class NoisyFedAvg(FederatedStrategy):
             prox_coef=self.prox_coef,
         )
 
-    def combine(self, server_round: int, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
+    def combine(self, plan: RoundPlan, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
         # The clients already added the noise; the server takes the plain uniform mean of what arrived.
-        return mech.uniform_average(updates, max(num_clients, 1), self._shapes)
+        return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
 
 
 class NoisyFedProx(NoisyFedAvg):

@@ -10,7 +10,7 @@ from hydra.utils import get_class
 
 from fl_app.config import compose_config
 from fl_app.privacy.mechanisms import global_l2_norm
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, RoundPlan
 
 
 def random_update(shapes, scale: float, seed: int) -> list[np.ndarray]:
@@ -59,25 +59,22 @@ def prime(
     strategy: FederatedStrategy,
     global_weights: list[np.ndarray],
     sampled: int,
-    partitions: range = range(1000),
-    server_round: int | None = None,
-) -> None:
-    """Leave the strategy in the state ``configure_train`` leaves it in before ``aggregate``:
-
-    ``_global`` the global model of the round, ``_shapes`` its tensor shapes (replies are checked against them),
-    ``_sampled`` the number of train messages sent (replies that never arrive are counted as failed),
-    ``_awaiting`` the partitions whose reply is expected, ``_sent`` one train message per partition (with the id
-    a grid would assign: :func:`reply` answers it; any other, or a second answer, is rejected) and, with
-    ``server_round``, the round's shared mask.
-    """
-    strategy._global = [np.array(w, copy=True) for w in global_weights]
-    strategy._shapes = [tuple(w.shape) for w in global_weights]
-    strategy._sampled = sampled
-    strategy._awaiting = set(partitions)
-    strategy._sent = [(train_message(pid), [pid]) for pid in partitions]
-    strategy._cohort_mode = False
-    if server_round is not None:
-        strategy._round_mask = strategy.round_mask(server_round)
+    partitions: range | list[int] = range(1000),
+    server_round: int = 1,
+) -> RoundPlan:
+    """A round plan as ``plan_round`` makes one, for replies built by hand: the strategy's own instructions and
+    round mask for ``server_round``, ``sampled`` clients said to be sampled (replies that never arrive count as
+    failed), and one train message per partition in ``partitions`` as a grid has sent it (to node 1, with message
+    id ``m<partition>``: :func:`reply` answers it; any other, or a second answer, is rejected)."""
+    weights = [np.array(w, copy=True) for w in global_weights]
+    return RoundPlan(
+        server_round=server_round,
+        global_weights=weights,
+        instructions=strategy.train_instructions(server_round),
+        sampled=sampled,
+        sent=[(train_message(pid), [pid]) for pid in partitions],
+        mask=strategy.round_mask(server_round, weights, []),
+    )
 
 
 def push(messages: list[Message], prefix: str = "p") -> list[Message]:

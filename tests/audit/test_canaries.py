@@ -176,15 +176,15 @@ def test_a_canary_takes_the_client_mechanism_path_of_its_strategy(strategy: str,
     s = build(f"strategy={strategy}", "dataset.num_clients=20", "privacy.sample_rate=0.5", "audit=canaries",
               "audit.canaries=40", "audit.canary_scale=10", *extra)  # fmt: skip
     s.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
-    s.configure_train(2, ArrayRecord(zeros(SHAPES)), ConfigRecord(), FakeGrid())
-    updates = s.canary_updates(2)
+    plan = s.plan_round(2, ArrayRecord(zeros(SHAPES)), ConfigRecord())
+    updates = s.canary_updates(plan)
     assert updates
     for index, update in updates:
         assert mech.global_l2_norm(update) <= C  # canary_scale = 10: the clip cut it from 10C to C
         raw = s.canaries.update(index)
         assert mech.global_l2_norm(raw) == pytest.approx(10 * C, rel=1e-5)
-        if s._round_mask is not None:  # Fed-SMP: nothing outside the round's mask
-            outside = flat(mech.apply_mask(update, [~m for m in s._round_mask]))
+        if plan.mask is not None:  # Fed-SMP: nothing outside the round's mask
+            outside = flat(mech.apply_mask(update, [~m for m in plan.mask]))
             assert not outside.any()
         if strategy in ("fed_smp_topk", "dp_fedavg_blurs"):  # the canary's own top-k before the clip
             kept = np.count_nonzero(flat(update)) / D

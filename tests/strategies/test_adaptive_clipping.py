@@ -26,9 +26,9 @@ DP_STRATEGIES = (
 
 
 def _round(strategy, norms, server_round=1):
-    prime(strategy, zeros(SHAPES), sampled=len(norms), server_round=server_round)
+    plan = prime(strategy, zeros(SHAPES), sampled=len(norms), server_round=server_round)
     replies = [reply(i, with_norm(SHAPES, n, seed=i)) for i, n in enumerate(norms)]
-    return strategy.aggregate(server_round, replies)
+    return strategy.aggregate(plan, replies)
 
 
 # ----- config ----------------------------------------------------------------------------------------------------
@@ -103,12 +103,12 @@ def test_server_noise_uses_the_c_the_updates_were_clipped_at():
     shapes = [(400, 500)]
     strategy = build(*ADAPTIVE)
     sigma_update = strategy.noise_multiplier
-    prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=1)
-    strategy.aggregate(1, [reply(i, with_norm(shapes, 3.0, seed=i)) for i in range(10)])
+    plan = prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=1)
+    strategy.aggregate(plan, [reply(i, with_norm(shapes, 3.0, seed=i)) for i in range(10)])
     c_t = strategy.clip_norm
     assert c_t != 0.2
-    prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=2)
-    outcome = strategy.aggregate(2, [reply(i, zeros(shapes), pre_clip_norm=0.0) for i in range(10)])
+    plan = prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=2)
+    outcome = strategy.aggregate(plan, [reply(i, zeros(shapes), pre_clip_norm=0.0) for i in range(10)])
     assert strategy.clip_norm != c_t
     assert outcome.new_weights[0].std() == pytest.approx(sigma_update * c_t / 10, rel=0.01)  # 200k draws: ~0.2%
 
@@ -126,10 +126,10 @@ def test_a_clients_reported_norm_sets_only_its_own_bit():
     """The server computes each bit from the reported norm: a lying client moves the count by at most ½ (centred),
     like any client's true bit; rejected clients have no bit."""
     strategy = build(*ADAPTIVE, "privacy.clipped_count_stddev=1e-12", "privacy.noise_multiplier=0")
-    prime(strategy, zeros(SHAPES), sampled=3)
+    plan = prime(strategy, zeros(SHAPES), sampled=3)
     honest = [reply(i, with_norm(SHAPES, 0.1, seed=i)) for i in range(2)]
     liar = reply(2, with_norm(SHAPES, 0.1, seed=2), pre_clip_norm=1e30)
-    stats = strategy.aggregate(1, [*honest, liar]).stats
+    stats = strategy.aggregate(plan, [*honest, liar]).stats
     assert stats["fraction_clipped_noisy"] == pytest.approx((-0.5 - 0.5 + 0.5) / 10 + 0.5, abs=1e-9)
 
 
@@ -191,8 +191,7 @@ def test_canaries_are_scaled_to_the_rounds_c():
     strategy.start(grid, ArrayRecord(zeros(SHAPES)), num_rounds=2)
     c2 = strategy.clip_norm
     assert c2 < 0.2
-    strategy.configure_train(3, ArrayRecord(zeros(SHAPES)), ConfigRecord(), grid)
-    canaries = strategy.canary_updates(3)
+    canaries = strategy.canary_updates(strategy.plan_round(3, ArrayRecord(zeros(SHAPES)), ConfigRecord()))
     assert canaries
     for _, update in canaries:
         assert mech.global_l2_norm(update) == pytest.approx(c2, rel=1e-5)

@@ -25,7 +25,7 @@ from fl_app.config import CONF_DIR, ConfigError, compose_config
 from fl_app.instructions import STREAM_SERVER_NOISE, TrainInstructions
 from fl_app.metrics import MetricsWriter, read_metrics
 from fl_app.privacy.mechanisms import global_l2_norm, kept_count, make_rng
-from strategies.base import FederatedStrategy
+from strategies.base import FederatedStrategy, RoundPlan
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
@@ -65,10 +65,12 @@ def message_masks(messages: list[Message]) -> list[list[np.ndarray]]:
     return [[m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()] for msg in messages]
 
 
-def configure(strategy: FederatedStrategy, server_round: int, weights: list[np.ndarray]) -> list[Message]:
-    grid = FakeGrid()
-    strategy.population.connect(grid, timeout=1)
-    return push(list(strategy.configure_train(server_round, ArrayRecord(weights), ConfigRecord(), grid)))
+def configure(strategy: FederatedStrategy, server_round: int, weights: list[np.ndarray]) -> RoundPlan:
+    """The round's plan (plan_round), its messages with the ids a grid assigns on push."""
+    strategy.population.connect(FakeGrid(), timeout=1)
+    plan = strategy.plan_round(server_round, ArrayRecord(weights), ConfigRecord())
+    push(plan.messages)
+    return plan
 
 
 # ----- Fed-SMP-randk ------------------------------------------------------------------------------------------
@@ -87,9 +89,8 @@ def test_fed_smp_randk_recipe():
 
 def test_fed_smp_randk_round_mask_keeps_exactly_k_per_layer():
     strategy = build("strategy=fed_smp_randk", *SMALL_POP)
-    prime(strategy, zeros(SHAPES), sampled=0)
     for t in (1, 2, 3):
-        mask = strategy.round_mask(t)
+        mask = strategy.round_mask(t, zeros(SHAPES), [])
         assert [m.shape for m in mask] == SHAPES
         assert all(m.dtype == bool for m in mask)
         assert [int(m.sum()) for m in mask] == K_EXPECTED
@@ -97,15 +98,15 @@ def test_fed_smp_randk_round_mask_keeps_exactly_k_per_layer():
 
 def test_fed_smp_randk_mask_is_the_same_in_every_message_of_the_round():
     strategy = build("strategy=fed_smp_randk", *SMALL_POP, "privacy.sampling=fixed")
-    messages = configure(strategy, 3, random_update(SHAPES, 1.0, seed=0))
-    assert len(messages) == 10
-    masks = message_masks(messages)
+    plan = configure(strategy, 3, random_update(SHAPES, 1.0, seed=0))
+    assert len(plan.messages) == 10
+    masks = message_masks(plan.messages)
     for mask in masks:
         assert_masks_equal(mask, masks[0])
-    assert_masks_equal(masks[0], strategy._round_mask)
-    assert_masks_equal(masks[0], strategy.round_mask(3))
+    assert_masks_equal(masks[0], plan.mask)
+    assert_masks_equal(masks[0], strategy.round_mask(3, zeros(SHAPES), []))
     assert [int(m.sum()) for m in masks[0]] == K_EXPECTED
-    for msg in messages:
+    for msg in plan.messages:
         assert msg.content["config"]["recipe.kind"] == "shared_mask"
 
 
@@ -121,14 +122,14 @@ def test_fed_smp_randk_mask_is_data_independent_and_changes_across_rounds():
         "dataset.alpha=0.3",
     )
     assert a.config.dataset != b.config.dataset
-    mask_a = message_masks(configure(a, 4, random_update(SHAPES, 1.0, seed=1)))[0]
-    mask_b = message_masks(configure(b, 4, random_update(SHAPES, 5.0, seed=2)))[0]
+    mask_a = message_masks(configure(a, 4, random_update(SHAPES, 1.0, seed=1)).messages)[0]
+    mask_b = message_masks(configure(b, 4, random_update(SHAPES, 5.0, seed=2)).messages)[0]
     assert_masks_equal(mask_a, mask_b)
     # Another round (same strategy, same model) or another seed draws another mask.
-    mask_next = message_masks(configure(a, 5, random_update(SHAPES, 1.0, seed=1)))[0]
+    mask_next = message_masks(configure(a, 5, random_update(SHAPES, 1.0, seed=1)).messages)[0]
     assert not all(np.array_equal(x, y) for x, y in zip(mask_a, mask_next, strict=True))
     c = build("strategy=fed_smp_randk", *SMALL_POP, "privacy.sampling=fixed", "seed=6")
-    mask_c = message_masks(configure(c, 4, random_update(SHAPES, 1.0, seed=1)))[0]
+    mask_c = message_masks(configure(c, 4, random_update(SHAPES, 1.0, seed=1)).messages)[0]
     assert not all(np.array_equal(x, y) for x, y in zip(mask_a, mask_c, strict=True))
 
 
@@ -136,9 +137,9 @@ def test_fed_smp_randk_server_noise_only_on_the_mask_with_std_sigma_c_over_m():
     strategy = build("strategy=fed_smp_randk", *SMALL_POP)
     assert strategy.config.privacy.placement == "server"
     old = zeros(LARGE_SHAPES)
-    prime(strategy, old, sampled=4, server_round=1)
-    mask = strategy._round_mask
-    outcome = strategy.aggregate(1, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(4)])
+    plan = prime(strategy, old, sampled=4, server_round=1)
+    mask = plan.mask
+    outcome = strategy.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(4)])
     step = delta(outcome.new_weights, old)
     assert_masks_equal([s != 0 for s in step], mask)
     kept = flat(step)[flat(mask).astype(bool)]
@@ -150,11 +151,11 @@ def test_fed_smp_randk_server_noise_only_on_the_mask_with_std_sigma_c_over_m():
 def test_fed_smp_randk_server_drops_what_a_client_sends_outside_the_mask():
     strategy = build("strategy=fed_smp_randk", *SMALL_POP, "privacy.noise_multiplier=0")
     old = random_update(SHAPES, 0.1, seed=0)
-    prime(strategy, old, sampled=2, server_round=1)
-    mask = strategy._round_mask
+    plan = prime(strategy, old, sampled=2, server_round=1)
+    mask = plan.mask
     dense = with_norm(SHAPES, 0.1, seed=3)  # below C: no clipping, so the kept values are exact
     outside = [np.where(m, 0.0, u).astype(np.float32) for u, m in zip(with_norm(SHAPES, 0.1, 4), mask, strict=True)]
-    outcome = strategy.aggregate(1, [reply(0, dense), reply(1, outside)])
+    outcome = strategy.aggregate(plan, [reply(0, dense), reply(1, outside)])
     expected = [np.where(m, u.astype(np.float64), 0.0) / M for u, m in zip(dense, mask, strict=True)]
     for got, want in zip(delta(outcome.new_weights, old), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
@@ -164,8 +165,8 @@ def test_fed_smp_randk_server_drops_what_a_client_sends_outside_the_mask():
     junk = [np.where(m, 0.0, u) for u, m in zip(with_norm(SHAPES, 100.0, seed=6), mask, strict=True)]
     poisoned = [(a + b).astype(np.float32) for a, b in zip(inside, junk, strict=True)]
     assert global_l2_norm(poisoned) > 100 * C
-    prime(strategy, old, sampled=1, server_round=1)
-    outcome = strategy.aggregate(1, [reply(0, poisoned)])
+    plan = prime(strategy, old, sampled=1, server_round=1)
+    outcome = strategy.aggregate(plan, [reply(0, poisoned)])
     assert outcome.stats["reclipped"] == 0
     for got, want in zip(delta(outcome.new_weights, old), inside, strict=True):
         np.testing.assert_allclose(got, want / M, rtol=1e-5, atol=1e-7)
@@ -175,7 +176,8 @@ def test_fed_smp_randk_round_trip_through_client_recipe():
     """configure_train → the client's recipe with the message's mask → aggregate: only masked coordinates move."""
     strategy = build("strategy=fed_smp_randk", *SMALL_POP, "privacy.sampling=fixed")
     old = zeros(SHAPES)
-    messages = configure(strategy, 2, old)
+    plan = configure(strategy, 2, old)
+    messages = plan.messages
     replies = []
     for msg in messages:
         config = msg.content["config"]
@@ -184,9 +186,9 @@ def test_fed_smp_randk_round_trip_through_client_recipe():
         mask = [m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()]
         sent, norm = privatize_update(with_norm(SHAPES, 1.0, seed=pid), ins, pid, mask)
         replies.append(reply(pid, sent, pre_clip_norm=norm, to=msg))
-    outcome = strategy.aggregate(2, replies)
+    outcome = strategy.aggregate(plan, replies)
     assert outcome.stats["aggregated"] == len(messages) == 10
-    assert_masks_equal([s != 0 for s in delta(outcome.new_weights, old)], strategy._round_mask)
+    assert_masks_equal([s != 0 for s in delta(outcome.new_weights, old)], plan.mask)
     # The pre-clip norms are those of the rescaled sparse updates, ‖(Δ ⊙ mask)/p‖ ≈ √p · ‖Δ‖ / p.
     assert outcome.stats["norm_mean"] == pytest.approx(1.0 / math.sqrt(P), rel=0.1)
 
@@ -201,18 +203,18 @@ def test_fed_smp_topk_local_is_not_covered():
     assert strategy.dp_guarantee()["dp_guarantee"] == "not covered: data-dependent top-k support"
     recipe = strategy.client_recipe()
     assert (recipe.kind, recipe.sparsity) == ("topk_local", P)
-    messages = configure(strategy, 1, zeros(SHAPES))
+    messages = configure(strategy, 1, zeros(SHAPES)).messages
     assert messages and all("mask" not in msg.content for msg in messages)
 
 
 def test_fed_smp_topk_local_noise_on_the_union_of_the_client_supports():
     strategy = build("strategy=fed_smp_topk", *SMALL_POP)
     old = zeros(SHAPES)
-    prime(strategy, old, sampled=2, server_round=1)
-    assert strategy._round_mask is None
+    plan = prime(strategy, old, sampled=2, server_round=1)
+    assert plan.mask is None
     a = [np.where(topk_positions(u), u, 0).astype(np.float32) for u in with_norm(SHAPES, 0.1, seed=1)]
     b = [np.where(topk_positions(u), u, 0).astype(np.float32) for u in with_norm(SHAPES, 0.1, seed=2)]
-    outcome = strategy.aggregate(1, [reply(0, a), reply(1, b)])
+    outcome = strategy.aggregate(plan, [reply(0, a), reply(1, b)])
     union = [(x != 0) | (y != 0) for x, y in zip(a, b, strict=True)]
     assert any(not u.all() for u in union)
     assert_masks_equal([s != 0 for s in delta(outcome.new_weights, old)], union)
@@ -227,7 +229,7 @@ def test_fed_smp_topk_global_is_covered_and_masks_with_last_rounds_global_update
 
     # Round 1: no previous global update yet, a public random-k mask.
     w1 = random_update(SHAPES, 1.0, seed=0)
-    first = message_masks(configure(strategy, 1, w1))
+    first = message_masks(configure(strategy, 1, w1).messages)
     assert [int(m.sum()) for m in first[0]] == K_EXPECTED
     for mask in first:
         assert_masks_equal(mask, first[0])
@@ -235,12 +237,13 @@ def test_fed_smp_topk_global_is_covered_and_masks_with_last_rounds_global_update
 
     # Round 2: the per-layer top-k of |w_2 − w_1|, the same for every client.
     w2 = [w + u for w, u in zip(w1, random_update(SHAPES, 0.01, seed=1), strict=True)]
-    second = message_masks(configure(strategy, 2, w2))
+    second_plan = configure(strategy, 2, w2)
+    second = message_masks(second_plan.messages)
     expected = [topk_positions(b.astype(np.float64) - a) for a, b in zip(w1, w2, strict=True)]
     assert [int(m.sum()) for m in expected] == K_EXPECTED
     for mask in second:
         assert_masks_equal(mask, expected)
-    assert_masks_equal(strategy._round_mask, expected)
+    assert_masks_equal(second_plan.mask, expected)
 
 
 def test_fed_smp_topk_rejects_an_unknown_mask_source():
@@ -259,8 +262,8 @@ def test_dp_fedsam_topk_server_placement_keeps_the_top_k_of_the_noised_average()
     assert strategy.dp_guarantee()["dp_guarantee"].startswith("client-level")
     old = zeros(SHAPES)
     updates = {pid: with_norm(SHAPES, 0.15, seed=pid) for pid in (2, 5, 9)}  # below C: not re-clipped
-    prime(strategy, old, sampled=3, server_round=1)
-    outcome = strategy.aggregate(1, [reply(pid, u) for pid, u in updates.items()])
+    plan = prime(strategy, old, sampled=3, server_round=1)
+    outcome = strategy.aggregate(plan, [reply(pid, u) for pid, u in updates.items()])
     step = delta(outcome.new_weights, old)
     assert [int(np.count_nonzero(s)) for s in step] == K_EXPECTED
 
@@ -284,7 +287,7 @@ def test_dp_fedsam_topk_client_placement_is_the_papers_form_and_not_covered():
     recipe = strategy.client_recipe()
     assert (recipe.kind, recipe.sparsity) == ("topk_noisy", P)
     assert strategy.dp_guarantee()["dp_guarantee"].startswith("not covered")
-    messages = configure(strategy, 1, zeros(SHAPES))
+    messages = configure(strategy, 1, zeros(SHAPES)).messages
     assert messages
     for msg in messages:
         config = msg.content["config"]
@@ -315,9 +318,9 @@ def test_dp_fedavg_blurs_recipe_is_lus_with_blur_and_server_noise_is_dense():
     assert (recipe.kind, recipe.sparsity, recipe.blur_coef) == ("lus", P, 1.0)
     assert strategy.dp_guarantee()["dp_guarantee"].startswith("client-level")
     old = zeros(LARGE_SHAPES)
-    prime(strategy, old, sampled=3, server_round=1)
-    assert strategy._round_mask is None
-    outcome = strategy.aggregate(1, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(3)])
+    plan = prime(strategy, old, sampled=3, server_round=1)
+    assert plan.mask is None
+    outcome = strategy.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(3)])
     noise = flat(delta(outcome.new_weights, old))
     assert np.count_nonzero(noise) == noise.size
     assert noise.std() == pytest.approx(SERVER_STD, rel=0.02)
@@ -335,7 +338,7 @@ def test_dp_fedavg_blur_recipe_is_dense_with_blur_coef_from_config():
 def test_blur_coef_flows_into_the_clients_instructions(name, kind):
     strategy = build(f"strategy={name}", "strategy.blur_coef=0.5", *SMALL_POP, "privacy.sampling=fixed")
     assert strategy.client_recipe().blur_coef == 0.5
-    messages = configure(strategy, 1, zeros(SHAPES))
+    messages = configure(strategy, 1, zeros(SHAPES)).messages
     assert messages
     for msg in messages:
         ins = TrainInstructions.from_config(dict(msg.content["config"]))
@@ -363,15 +366,15 @@ def test_noisy_fedavg_plain_mean_without_clipping_or_noise():
     old = random_update(SHAPES, 0.1, seed=0)
     huge = with_norm(SHAPES, 1e3, seed=1)
     small = with_norm(SHAPES, 0.1, seed=2)
-    prime(strategy, old, sampled=5)  # 5 sampled, 2 arrive: the mean is over the 2
-    outcome = strategy.aggregate(1, [reply(1, huge), reply(2, small)])
+    plan = prime(strategy, old, sampled=5)  # 5 sampled, 2 arrive: the mean is over the 2
+    outcome = strategy.aggregate(plan, [reply(1, huge), reply(2, small)])
     expected = [(h.astype(np.float64) + s) / 2 for h, s in zip(huge, small, strict=True)]
     for got, want in zip(delta(outcome.new_weights, old), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert outcome.stats["reclipped"] == 0
     # No server noise: zero updates leave the model unchanged.
-    prime(strategy, old, sampled=3)
-    outcome = strategy.aggregate(1, [reply(pid, zeros(SHAPES)) for pid in range(3)])
+    plan = prime(strategy, old, sampled=3)
+    outcome = strategy.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(3)])
     for new, before in zip(outcome.new_weights, old, strict=True):
         np.testing.assert_array_equal(new, before)
 
@@ -379,7 +382,7 @@ def test_noisy_fedavg_plain_mean_without_clipping_or_noise():
 def test_noisy_fedavg_configure_train_sends_the_noisy_local_procedure():
     noisy_bound_fn()
     strategy = build("strategy=noisy_fedavg", *SMALL_POP, "privacy.sampling=fixed")
-    messages = configure(strategy, 1, zeros(SHAPES))
+    messages = configure(strategy, 1, zeros(SHAPES)).messages
     assert messages
     for msg in messages:
         ins = TrainInstructions.from_config(dict(msg.content["config"]))

@@ -70,8 +70,8 @@ def test_server_placement_sums_over_fixed_denominator_and_reclips():
     small_a = with_norm(SMALL_SHAPES, 0.1, seed=1)
     small_b = with_norm(SMALL_SHAPES, 0.15, seed=2)
     huge = with_norm(SMALL_SHAPES, 1e3, seed=3)
-    prime(strategy, old, sampled=3)  # Poisson drew 3 clients: the denominator is still m = qM = 10, not 3
-    outcome = strategy.aggregate(1, [reply(3, small_a), reply(7, small_b), reply(11, huge)])
+    plan = prime(strategy, old, sampled=3)  # Poisson drew 3 clients: the denominator is still m = qM = 10, not 3
+    outcome = strategy.aggregate(plan, [reply(3, small_a), reply(7, small_b), reply(11, huge)])
 
     huge_clipped = [h.astype(np.float64) * (C / 1e3) for h in huge]
     expected = [(a + b + h) / m for a, b, h in zip(small_a, small_b, huge_clipped, strict=True)]
@@ -87,8 +87,8 @@ def test_server_reclips_a_huge_update_to_c_over_m():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.noise_multiplier=0")
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     huge = with_norm(SMALL_SHAPES, 1e3, seed=4)
-    prime(strategy, old, sampled=1)
-    outcome = strategy.aggregate(1, [reply(5, huge, pre_clip_norm=0.1)])  # a client that lies about its norm
+    plan = prime(strategy, old, sampled=1)
+    outcome = strategy.aggregate(plan, [reply(5, huge, pre_clip_norm=0.1)])  # a client that lies about its norm
     step = flat(delta(outcome.new_weights, old))
     assert np.linalg.norm(step) <= 0.2 / 10 * (1 + 1e-5)
     assert np.linalg.norm(step) == pytest.approx(0.2 / 10, rel=1e-4)
@@ -102,8 +102,8 @@ def test_update_below_c_is_not_reclipped():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.noise_multiplier=0")
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     small = with_norm(SMALL_SHAPES, 0.19, seed=5)
-    prime(strategy, old, sampled=1)
-    outcome = strategy.aggregate(1, [reply(2, small)])
+    plan = prime(strategy, old, sampled=1)
+    outcome = strategy.aggregate(plan, [reply(2, small)])
     assert outcome.stats["reclipped"] == 0
     assert outcome.stats["fraction_clipped"] == 0.0
     assert_update_equal(delta(outcome.new_weights, old), [s.astype(np.float64) / 10 for s in small])
@@ -113,8 +113,8 @@ def test_server_learning_rate_scales_the_average():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.noise_multiplier=0", "strategy.server_lr=0.5")
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     small = with_norm(SMALL_SHAPES, 0.1, seed=6)
-    prime(strategy, old, sampled=1)
-    outcome = strategy.aggregate(1, [reply(2, small)])
+    plan = prime(strategy, old, sampled=1)
+    outcome = strategy.aggregate(plan, [reply(2, small)])
     assert_update_equal(delta(outcome.new_weights, old), [0.5 * s.astype(np.float64) / 10 for s in small])
 
 
@@ -139,8 +139,8 @@ def test_rejected_and_failed_replies_are_counted_and_excluded():
         reply(4, wrong_shape),
         error_reply(5),
     ]
-    prime(strategy, old, sampled=8)  # two of the eight sampled clients never answer
-    outcome = strategy.aggregate(1, replies)
+    plan = prime(strategy, old, sampled=8)  # two of the eight sampled clients never answer
+    outcome = strategy.aggregate(plan, replies)
     stats = outcome.stats
     assert stats["received"] == 6
     assert stats["aggregated"] == 1
@@ -158,8 +158,8 @@ def test_rejections_with_noise_keep_the_model_finite():
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     nan_update = with_norm(SMALL_SHAPES, 0.1, seed=8)
     nan_update[0][0] = np.nan
-    prime(strategy, old, sampled=3)
-    outcome = strategy.aggregate(1, [reply(0, nan_update), error_reply(1), reply(2, with_norm(SMALL_SHAPES, 1, 3))])
+    plan = prime(strategy, old, sampled=3)
+    outcome = strategy.aggregate(plan, [reply(0, nan_update), error_reply(1), reply(2, with_norm(SMALL_SHAPES, 1, 3))])
     assert outcome.stats["rejected_nonfinite"] == 1
     assert outcome.stats["failed"] == 1
     assert outcome.stats["aggregated"] == 1
@@ -169,8 +169,8 @@ def test_rejections_with_noise_keep_the_model_finite():
 def test_round_with_no_usable_reply_completes():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.noise_multiplier=0")
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
-    prime(strategy, old, sampled=4)
-    outcome = strategy.aggregate(1, [error_reply(0), reply(1, [np.zeros(5, np.float32)])])
+    plan = prime(strategy, old, sampled=4)
+    outcome = strategy.aggregate(plan, [error_reply(0), reply(1, [np.zeros(5, np.float32)])])
     assert outcome.stats["aggregated"] == 0
     assert outcome.stats["failed"] == 1 + 2
     assert outcome.stats["rejected_shape"] == 1
@@ -203,8 +203,8 @@ def test_malformed_reply_is_rejected_not_fatal(case):
     bad = Message(
         RecordDict({"arrays": ArrayRecord(update), "metrics": MetricRecord(metrics)}), reply_to=train_message(1)
     )
-    prime(strategy, old, sampled=2, partitions=range(2))
-    outcome = strategy.aggregate(1, [reply(0, good), bad])
+    plan = prime(strategy, old, sampled=2, partitions=range(2))
+    outcome = strategy.aggregate(plan, [reply(0, good), bad])
     assert outcome.stats["aggregated"] == 1
     assert outcome.stats["rejected_malformed"] + outcome.stats["rejected_shape"] == 1
     assert_update_equal(delta(outcome.new_weights, old), [g.astype(np.float64) / 10 for g in good])
@@ -218,8 +218,8 @@ def test_server_noise_std_is_sigma_c_over_m():
     sigma, C, m = 0.95, 0.2, 50.0
     assert strategy.config.privacy.placement == "server"
     old = random_update(LARGE_SHAPES, 1.0, seed=0)
-    prime(strategy, old, sampled=5)
-    outcome = strategy.aggregate(1, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(5)])
+    plan = prime(strategy, old, sampled=5)
+    outcome = strategy.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(5)])
     noise = flat(delta(outcome.new_weights, old))
     assert noise.size >= 100_000
     assert abs(noise.mean()) < 0.02 * sigma * C / m
@@ -265,8 +265,8 @@ def test_client_placement_aggregate_noise_is_sigma_c_over_m(missing):
     assert len(sampled) == m
     replies = _client_placement_replies(strategy, 1, sampled[: m - missing])
     old = random_update(LARGE_SHAPES, 1.0, seed=0)
-    prime(strategy, old, sampled=m)
-    outcome = strategy.aggregate(1, replies)
+    plan = prime(strategy, old, sampled=m)
+    outcome = strategy.aggregate(plan, replies)
     assert outcome.stats["aggregated"] == m - missing
     assert outcome.stats["failed"] == missing
     noise = flat(delta(outcome.new_weights, old))
@@ -318,13 +318,13 @@ def test_aggregation_is_independent_of_reply_order():
     strategy = build("strategy=dp_fedavg", *SMALL_POP)
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     replies = [reply(pid, random_update(SMALL_SHAPES, 0.01 * (pid + 1), seed=pid)) for pid in (4, 9, 13, 21, 30)]
-    prime(strategy, old, sampled=5)
-    reference = strategy.aggregate(2, replies).new_weights
+    plan = prime(strategy, old, sampled=5, server_round=2)
+    reference = strategy.aggregate(plan, replies).new_weights
     rng = np.random.default_rng(0)
     for _ in range(3):
         shuffled = [replies[i] for i in rng.permutation(len(replies))]
-        prime(strategy, old, sampled=5)
-        again = strategy.aggregate(2, shuffled).new_weights
+        plan = prime(strategy, old, sampled=5, server_round=2)
+        again = strategy.aggregate(plan, shuffled).new_weights
         for a, b in zip(reference, again, strict=True):
             assert a.tobytes() == b.tobytes()
 
@@ -350,16 +350,16 @@ def test_replies_are_summed_in_partition_order(overrides):
 
     replies = {pid: reply(pid, update(v)) for pid, v in values.items()}
     for order in itertools.permutations(values):
-        prime(strategy, zeros(SMALL_SHAPES), sampled=3)
-        outcome = strategy.aggregate(1, [replies[pid] for pid in order])
+        plan = prime(strategy, zeros(SMALL_SHAPES), sampled=3)
+        outcome = strategy.aggregate(plan, [replies[pid] for pid in order])
         assert outcome.new_weights[0][0] == 0.0, order
 
 
 def test_same_seed_gives_identical_noise_and_other_seeds_or_rounds_do_not():
     def noisy(seed: int, server_round: int) -> np.ndarray:
         strategy = build("strategy=dp_fedavg", *SMALL_POP, f"seed={seed}")
-        prime(strategy, zeros(SMALL_SHAPES), sampled=1)
-        return flat(strategy.aggregate(server_round, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
+        plan = prime(strategy, zeros(SMALL_SHAPES), sampled=1, server_round=server_round)
+        return flat(strategy.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
 
     first = noisy(0, 1)
     assert np.array_equal(first, noisy(0, 1))
@@ -393,9 +393,9 @@ def test_secure_noise_auto_follows_the_grid():
 def test_secure_noise_is_not_reproducible():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=true")
     assert strategy.noise_source == "os-csprng"
-    prime(strategy, zeros(SMALL_SHAPES), sampled=1)
-    a = flat(strategy.aggregate(1, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
-    b = flat(strategy.aggregate(1, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
+    plan = prime(strategy, zeros(SMALL_SHAPES), sampled=1)
+    a = flat(strategy.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
+    b = flat(strategy.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
     assert not np.array_equal(a, b)
     assert a.std() == pytest.approx(0.95 * 0.2 / 10, rel=0.15)  # 1100 coordinates
 
@@ -409,8 +409,8 @@ def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     big = with_norm(SMALL_SHAPES, 1e3, seed=1)
     small = with_norm(SMALL_SHAPES, 0.1, seed=2)
-    prime(strategy, old, sampled=3)
-    outcome = strategy.aggregate(1, [reply(1, big), reply(2, small), error_reply(3)])
+    plan = prime(strategy, old, sampled=3)
+    outcome = strategy.aggregate(plan, [reply(1, big), reply(2, small), error_reply(3)])
     # Denominator = the 2 aggregated updates, not m = 10 nor the 3 sampled; the big update is not clipped.
     expected = [(b.astype(np.float64) + s) / 2 for b, s in zip(big, small, strict=True)]
     # float32 rounding of the (large) average: compare relative to its size.
@@ -422,8 +422,8 @@ def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
     assert outcome.stats["fraction_clipped"] == 0.5
     # No noise: another seed and another round give the same model.
     other = build("strategy=fedavg", *SMALL_POP, "seed=9")
-    prime(other, old, sampled=3)
-    again = other.aggregate(5, [reply(2, small), reply(1, big)])
+    plan = prime(other, old, sampled=3, server_round=5)
+    again = other.aggregate(plan, [reply(2, small), reply(1, big)])
     for a, b in zip(outcome.new_weights, again.new_weights, strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -478,7 +478,8 @@ def test_configure_train_sends_sampled_clients_their_instructions(overrides, opt
     messages = list(strategy.configure_train(3, ArrayRecord(weights), ConfigRecord(), grid))
     sampled = strategy.sample_clients(3)
     assert [int(m.content["config"]["partition_id"]) for m in messages] == sampled.tolist()
-    assert strategy._sampled == len(messages) == len(sampled)
+    plan = strategy.plan_round(3, ArrayRecord(weights), ConfigRecord())  # what configure_train returned, as a plan
+    assert plan.sampled == len(messages) == len(sampled) and len(plan.messages) == len(messages)
     assert [m.metadata.dst_node_id for m in messages] == [(1, 2)[i % 2] for i in range(len(messages))]
     for m in messages:
         assert m.metadata.message_type == MessageType.TRAIN
@@ -491,7 +492,7 @@ def test_configure_train_sends_sampled_clients_their_instructions(overrides, opt
         assert cfg["server_round"] == 3
         for sent, w in zip(m.content["arrays"].to_numpy_ndarrays(), weights, strict=True):
             np.testing.assert_array_equal(sent, w)
-    assert strategy._shapes == SMALL_SHAPES
+    assert plan.shapes == SMALL_SHAPES
 
 
 # ----- 6. accounting and the budget guard through start() ---------------------------------------------------

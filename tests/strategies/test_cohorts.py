@@ -11,9 +11,10 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from fl_app.privacy import mechanisms as mech
+from strategies.base import RoundPlan
 from strategies.population import balance_cohorts
 from tests.helpers import build, prime, push, reply, with_norm, zeros
 
@@ -28,14 +29,12 @@ def _cohort_strategy(*overrides: str, nodes: int = 2):
     return strategy
 
 
-def _send(strategy, sampled: list[int]) -> list[Message]:
-    """configure_train's cohort messages for ``sampled``, with message ids as a grid assigns them on push."""
-    prime(strategy, GLOBAL, sampled=len(sampled), partitions=sampled)
-    cohorts = strategy.plan_cohorts(sampled)
-    instructions = ConfigRecord({"seed": 0})
-    strategy._sent = strategy._cohort_messages_for(cohorts, ArrayRecord(GLOBAL), instructions, ConfigRecord())
-    strategy._cohort_mode = True
-    return push([message for message, _ in strategy._sent])
+def _send(strategy, sampled: list[int]) -> RoundPlan:
+    """The plan of round 1 for ``sampled`` (cohort messages), with message ids as a grid assigns them on push."""
+    plan = strategy.plan_for(1, ArrayRecord(GLOBAL), sampled)
+    assert plan.cohort_mode
+    push(plan.messages)
+    return plan
 
 
 def _reply(to: Message, updates: dict[int, list[np.ndarray]], **rejected: list[int]) -> Message:
@@ -86,7 +85,8 @@ def test_cohort_count_follows_the_config_and_the_engine():
 def test_cohort_messages_carry_every_sampled_client_once_with_its_fault():
     strategy = _cohort_strategy("dataset.num_clients=50", "fault_injection.nan_partitions=[7]", nodes=3)
     sampled = [1, 4, 7, 9, 20, 33, 41]
-    messages = _send(strategy, sampled)
+    plan = _send(strategy, sampled)
+    messages = plan.messages
     assert len(messages) == 3
     cohorts = _cohorts(messages)
     assert sorted(p for c in cohorts for p in c) == sampled
@@ -104,13 +104,14 @@ def test_cohort_sums_aggregate_like_the_same_updates_sent_one_by_one(name):
     sampled = [1, 4, 7, 9, 20]  # updates within C, as the workers send them (each client clipped)
     updates = {p: with_norm(SHAPES, 0.03 * (i + 1), seed=p) for i, p in enumerate(sampled)}
     cohort = _cohort_strategy(*overrides)
-    messages = _send(cohort, sampled)
+    plan = _send(cohort, sampled)
+    messages = plan.messages
     replies = [_reply(m, {p: updates[p] for p in c}) for m, c in zip(messages, _cohorts(messages), strict=True)]
-    got = cohort.aggregate(1, replies)
+    got = cohort.aggregate(plan, replies)
 
     single = build(*overrides)
-    prime(single, GLOBAL, sampled=len(sampled), partitions=sampled)
-    want = single.aggregate(1, [reply(p, updates[p]) for p in sampled])
+    plan = prime(single, GLOBAL, sampled=len(sampled), partitions=sampled)
+    want = single.aggregate(plan, [reply(p, updates[p]) for p in sampled])
     for a, b in zip(got.new_weights, want.new_weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
     assert got.stats["aggregated"] == 5 and got.stats["failed"] == 0
@@ -121,9 +122,10 @@ def test_a_cohort_sum_beyond_k_times_c_is_reclipped_by_the_server():
     strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", "privacy.noise_multiplier=0", nodes=1)
     c = strategy.config.privacy.clip_norm
     sampled = [3, 8]
-    messages = _send(strategy, sampled)
+    plan = _send(strategy, sampled)
+    messages = plan.messages
     huge = {p: with_norm(SHAPES, 100 * c, seed=p) for p in sampled}  # a worker that did not clip
-    outcome = strategy.aggregate(1, [_reply(messages[0], huge)])
+    outcome = strategy.aggregate(plan, [_reply(messages[0], huge)])
     m = strategy.expected_clients
     assert mech.global_l2_norm(outcome.new_weights) <= 2 * c / m * (1 + 1e-5)
     assert outcome.stats["reclipped"] == 2 and outcome.stats["aggregated"] == 2
@@ -166,8 +168,9 @@ def _hostile(messages, kind: str) -> list[Message]:
 )
 def test_a_hostile_or_broken_cohort_reply_is_rejected_and_counted(kind, counter, rejected):
     strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", nodes=1)
-    messages = _send(strategy, [2, 5, 11])
-    outcome = strategy.aggregate(1, _hostile(messages, kind))
+    plan = _send(strategy, [2, 5, 11])
+    messages = plan.messages
+    outcome = strategy.aggregate(plan, _hostile(messages, kind))
     assert outcome.stats[counter] == rejected
     assert outcome.stats["aggregated"] == (3 if kind == "duplicate" else 0)
     assert all(np.isfinite(w).all() for w in outcome.new_weights)
@@ -175,9 +178,10 @@ def test_a_hostile_or_broken_cohort_reply_is_rejected_and_counted(kind, counter,
 
 def test_clients_the_worker_rejected_are_counted_and_the_rest_aggregated():
     strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", nodes=1)
-    messages = _send(strategy, [2, 5, 11, 13])
+    plan = _send(strategy, [2, 5, 11, 13])
+    messages = plan.messages
     good = {5: with_norm(SHAPES, 0.01, seed=5)}
-    outcome = strategy.aggregate(1, [_reply(messages[0], good, failed=[2], nonfinite=[11], shape=[13])])
+    outcome = strategy.aggregate(plan, [_reply(messages[0], good, failed=[2], nonfinite=[11], shape=[13])])
     s = outcome.stats
     assert (s["aggregated"], s["failed"], s["rejected_nonfinite"], s["rejected_shape"]) == (1, 1, 1, 1)
     assert s["received"] == 4 and s["client_norms"] == pytest.approx([0.01])
@@ -185,9 +189,10 @@ def test_clients_the_worker_rejected_are_counted_and_the_rest_aggregated():
 
 def test_a_missing_cohort_reply_counts_all_its_clients_as_failed():
     strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", nodes=2)
-    messages = _send(strategy, [2, 5, 11, 13])
+    plan = _send(strategy, [2, 5, 11, 13])
+    messages = plan.messages
     first = _cohorts(messages)[0]
-    outcome = strategy.aggregate(1, [_reply(messages[0], {p: with_norm(SHAPES, 0.01, seed=p) for p in first})])
+    outcome = strategy.aggregate(plan, [_reply(messages[0], {p: with_norm(SHAPES, 0.01, seed=p) for p in first})])
     assert outcome.stats["aggregated"] == len(first)
     assert outcome.stats["failed"] == 4 - len(first)
     assert math.isfinite(outcome.stats["norm_mean"])

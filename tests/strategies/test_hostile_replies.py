@@ -37,6 +37,7 @@ from strategies.base import (
     REQUIRED_CLIENT_METRICS,
     FederatedStrategy,
     RoundOutcome,
+    RoundPlan,
 )
 from tests.helpers import FakeGrid, build, flat, push, reply, train_message, with_norm, zeros
 
@@ -81,8 +82,17 @@ def _strategy(*extra: str, cohorts: bool = False) -> FederatedStrategy:
     return strategy
 
 
+def _plan(strategy: FederatedStrategy, server_round: int) -> RoundPlan:
+    """The real plan_round, with the message ids a grid assigns on push (unique per round)."""
+    grid = FakeGrid()
+    strategy.population.connect(grid, timeout=1)
+    plan = strategy.plan_round(server_round, ArrayRecord(GLOBAL), ConfigRecord())
+    push(plan.messages, prefix=f"round{server_round}-")
+    return plan
+
+
 def _configure(strategy: FederatedStrategy, server_round: int) -> list[Message]:
-    """The real configure_train, with the message ids a grid assigns on push (unique per round)."""
+    """Flower's configure_train, with the message ids a grid assigns on push (unique per round)."""
     grid = FakeGrid()
     strategy.population.connect(grid, timeout=1)
     messages = list(strategy.configure_train(server_round, ArrayRecord(GLOBAL), ConfigRecord(), grid))
@@ -170,9 +180,10 @@ def _raw_array(data: bytes, stype: str = "numpy.ndarray") -> ArrayRecord:
 def _round_with_one_bad_reply(bad: Callable[[Message], Message]) -> tuple[RoundOutcome, list[int]]:
     """Round 1: the first message is answered by ``bad(message)`` (sent first), every other one honestly."""
     strategy = _strategy()
-    messages = _configure(strategy, 1)
+    plan = _plan(strategy, 1)
+    messages = plan.messages
     assert len(messages) >= 3
-    outcome = strategy.aggregate(1, [bad(messages[0]), *[_honest(m) for m in messages[1:]]])
+    outcome = strategy.aggregate(plan, [bad(messages[0]), *[_honest(m) for m in messages[1:]]])
     return outcome, [_pid(m) for m in messages[1:]]
 
 
@@ -197,8 +208,9 @@ def test_finite_values_whose_norm_overflows_are_rejected_as_nonfinite(update: li
 def test_a_huge_but_finite_update_is_clipped_to_c_not_rejected() -> None:
     huge = [np.full(s, np.finfo(np.float32).max, dtype=np.float32) for s in SHAPES]  # norm ~1.4e39: finite
     strategy = _strategy()
-    messages = _configure(strategy, 1)
-    outcome = strategy.aggregate(1, [_message(messages[0], huge, _metrics(_pid(messages[0]), huge))])
+    plan = _plan(strategy, 1)
+    messages = plan.messages
+    outcome = strategy.aggregate(plan, [_message(messages[0], huge, _metrics(_pid(messages[0]), huge))])
     assert outcome.stats["aggregated"] == 1 and outcome.stats["reclipped"] == 1
     assert mech.global_l2_norm(outcome.new_weights) <= C / M * (1 + 1e-6)
     assert mech.global_l2_norm(outcome.new_weights) == pytest.approx(C / M, rel=1e-4)
@@ -208,8 +220,9 @@ def test_a_float16_update_is_clipped_to_a_tiny_c_not_crashing_the_round() -> Non
     """Scaled towards C = 1e-6, float16 coordinates land on subnormals; the clip raised FloatingPointError there."""
     update = [np.full(SHAPES[0], 0.05, dtype=np.float16), np.zeros(SHAPES[1], dtype=np.float16)]
     strategy = _strategy("privacy.clip_norm=1e-6")
-    messages = _configure(strategy, 1)
-    outcome = strategy.aggregate(1, [_message(messages[0], update, _metrics(_pid(messages[0]), update))])
+    plan = _plan(strategy, 1)
+    messages = plan.messages
+    outcome = strategy.aggregate(plan, [_message(messages[0], update, _metrics(_pid(messages[0]), update))])
     assert outcome.stats["aggregated"] == 1 and outcome.stats["reclipped"] == 1
     assert mech.global_l2_norm(outcome.new_weights) <= 1e-6 / M * (1 + 1e-6)
 
@@ -248,12 +261,13 @@ def test_a_partition_id_other_than_the_one_its_message_carried_is_malformed(clai
 
 def test_a_reply_to_a_message_of_an_earlier_round_is_rejected() -> None:
     strategy = _strategy()
-    earlier = _configure(strategy, 1)
-    current = _configure(strategy, 2)
+    earlier = _plan(strategy, 1).messages
+    plan = _plan(strategy, 2)
+    current = plan.messages
     assert {_pid(m) for m in earlier} & {_pid(m) for m in current}  # some partitions are sampled in both rounds
     # Well-formed replies from the nodes the round-1 messages went to, arriving in round 2 before round 2's replies.
     stale = [_honest(m) for m in earlier]
-    outcome = strategy.aggregate(2, [*stale, *[_honest(m) for m in current]])
+    outcome = strategy.aggregate(plan, [*stale, *[_honest(m) for m in current]])
     _assert_round(outcome, [_pid(m) for m in current], malformed=len(earlier))
     assert outcome.stats["received"] == len(current)
 
@@ -263,7 +277,8 @@ def test_a_reply_to_a_message_of_an_earlier_round_is_rejected() -> None:
 
 def test_a_node_cannot_answer_for_a_partition_assigned_to_another_node() -> None:
     strategy = _strategy()
-    messages = _configure(strategy, 1)
+    plan = _plan(strategy, 1)
+    messages = plan.messages
     target = messages[0]
     liar_node = next(m.metadata.dst_node_id for m in messages if m.metadata.dst_node_id != target.metadata.dst_node_id)
     liars_message = next(m for m in messages if m.metadata.dst_node_id == liar_node)
@@ -273,7 +288,7 @@ def test_a_node_cannot_answer_for_a_partition_assigned_to_another_node() -> None
     # 2. The liar node answers its own message, claiming the target's partition.
     claimed = _message(liars_message, huge, _metrics(_pid(target), huge))
     genuine = [_honest(m) for m in messages if m is not liars_message]
-    outcome = strategy.aggregate(1, [forged, claimed, *genuine])
+    outcome = strategy.aggregate(plan, [forged, claimed, *genuine])
     # The target's genuine reply, arriving after both lies, is accepted: neither lie used up its message.
     _assert_round(outcome, [_pid(m) for m in messages if m is not liars_message], malformed=2)
     assert outcome.stats["received"] == len(messages)  # the liar's message was answered (by a malformed reply)
@@ -281,10 +296,11 @@ def test_a_node_cannot_answer_for_a_partition_assigned_to_another_node() -> None
 
 def test_a_reply_from_an_unknown_node_or_to_an_unknown_message_is_rejected() -> None:
     strategy = _strategy()
-    messages = _configure(strategy, 1)
+    plan = _plan(strategy, 1)
+    messages = plan.messages
     stranger = _from_node(_honest(messages[0]), 12345)
     unknown = reply(_pid(messages[1]), _honest_update(_pid(messages[1])))  # to a message never sent (id "m<pid>")
-    outcome = strategy.aggregate(1, [stranger, unknown, *[_honest(m) for m in messages]])
+    outcome = strategy.aggregate(plan, [stranger, unknown, *[_honest(m) for m in messages]])
     _assert_round(outcome, [_pid(m) for m in messages], malformed=2)
 
 
@@ -294,7 +310,8 @@ def test_a_reply_from_an_unknown_node_or_to_an_unknown_message_is_rejected() -> 
 @pytest.mark.parametrize("second", ["identical", "different", "huge", "nan", "error", "wrong-shape"])
 def test_a_second_answer_to_a_message_is_rejected_and_the_first_kept(second: str) -> None:
     strategy = _strategy()
-    messages = _configure(strategy, 1)
+    plan = _plan(strategy, 1)
+    messages = plan.messages
     first = messages[0]
     pid = _pid(first)
     nan = _honest_update(pid)
@@ -307,7 +324,7 @@ def test_a_second_answer_to_a_message_is_rejected_and_the_first_kept(second: str
         "error": lambda: Message(Error(code=1, reason="late"), reply_to=first),
         "wrong-shape": lambda: reply(pid, [np.zeros(3, np.float32)], to=first),
     }[second]()
-    outcome = strategy.aggregate(1, [*[_honest(m) for m in messages], again])
+    outcome = strategy.aggregate(plan, [*[_honest(m) for m in messages], again])
     _assert_round(outcome, [_pid(m) for m in messages], malformed=1)
 
 
@@ -362,14 +379,15 @@ def test_metrics_of_another_record_type_with_bools_or_strings_are_malformed(valu
     with non-numeric metrics, even where ``float()`` would take the value (True → 1.0, "0.1" → 0.1)."""
     strategy = _strategy()
     server_round = next(t for t in range(1, 50) if {0, 1} & set(strategy.sample_clients(t).tolist()))
-    messages = _configure(strategy, server_round)
+    plan = _plan(strategy, server_round)
+    messages = plan.messages
     first = next(m for m in messages if _pid(m) in (0, 1))  # a bool can equal its partition id: False == 0, True == 1
     pid = _pid(first)
     update = _honest_update(pid)
     metrics = _metrics(pid, update)
     metrics.update({k: {"BOOL": bool(pid), "STR": str(pid)}.get(v, v) for k, v in values.items()})
     bad = _message(first, update, ConfigRecord(metrics))
-    outcome = strategy.aggregate(server_round, [bad, *[_honest(m) for m in messages if m is not first]])
+    outcome = strategy.aggregate(plan, [bad, *[_honest(m) for m in messages if m is not first]])
     _assert_round(outcome, [_pid(m) for m in messages if m is not first], malformed=1)
 
 
@@ -490,12 +508,13 @@ def test_a_broken_cohort_reply_is_rejected_and_the_round_goes_on(
     bad: Callable[[Message], Message], unbound: int
 ) -> None:
     strategy = _strategy(cohorts=True)
-    messages = _configure(strategy, 1)
-    assert len(messages) >= 2 and strategy._cohort_mode
-    outcome = strategy.aggregate(1, [bad(messages[0]), *[_honest_cohort(m) for m in messages[1:]]])
+    plan = _plan(strategy, 1)
+    messages = plan.messages
+    assert len(messages) >= 2 and plan.cohort_mode
+    outcome = strategy.aggregate(plan, [bad(messages[0]), *[_honest_cohort(m) for m in messages[1:]]])
     others = [p for m in messages[1:] for p in _ids(m)]
     assert outcome.stats["aggregated"] == len(others)
-    assert sum(_counts(outcome.stats).values()) == strategy._sampled + unbound
+    assert sum(_counts(outcome.stats).values()) == plan.sampled + unbound
     for got, want in zip(outcome.new_weights, _expected_average(others), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
 
@@ -641,9 +660,9 @@ def _check_round(
     sent: list[Sent],
     honest: list[Message],
     hostile_clients: int,
+    sampled: int,
 ) -> None:
-    """Run both rounds through aggregate_train and check the properties."""
-    sampled = strategy._sampled
+    """Run both rounds through aggregate_train and check the properties (``sampled``: clients in the messages)."""
     arrays, metrics = strategy.aggregate_train(server_round, [s.message for s in sent])
     ref_arrays, ref_metrics = reference.aggregate_train(server_round, honest)
     assert arrays is not None and metrics is not None and ref_arrays is not None and ref_metrics is not None
@@ -715,7 +734,7 @@ def test_hostile_client_replies_never_raise_are_counted_and_move_the_average_by_
     earlier = _configure(strategy, server_round - 1)
     messages = _configure(strategy, server_round)
     _configure(reference, server_round)
-    assert not strategy._cohort_mode
+    assert all("partition_id" in m.content["config"] for m in messages)  # one client per message
     sampled = [_pid(m) for m in messages]
     roles = data.draw(
         st.lists(st.sampled_from(("honest", "honest", "hostile", "hostile", "silent")), min_size=len(messages),
@@ -763,7 +782,7 @@ def test_hostile_client_replies_never_raise_are_counted_and_move_the_average_by_
             sent.append(Sent(_honest(to, honest_norms[to.metadata.message_id]), to.metadata.message_id, 1,
                              ({"aggregated": 1},)))  # fmt: skip
     order = data.draw(st.permutations(range(len(sent))), label="order")
-    _check_round(strategy, reference, server_round, [sent[i] for i in order], honest, len(hostile))
+    _check_round(strategy, reference, server_round, [sent[i] for i in order], honest, len(hostile), len(messages))
 
 
 # ----- cohort mode ------------------------------------------------------------------------------------------------
@@ -864,7 +883,7 @@ def test_hostile_cohort_replies_never_raise_are_counted_and_move_the_average_by_
     earlier = _configure(strategy, server_round - 1)
     messages = _configure(strategy, server_round)
     _configure(reference, server_round)
-    assert strategy._cohort_mode or not messages
+    assert all("partition_ids" in m.content["config"] for m in messages)  # cohorts
     roles = data.draw(
         st.lists(st.sampled_from(("honest", "honest", "hostile", "hostile", "silent")), min_size=len(messages),
                  max_size=len(messages)),
@@ -904,4 +923,5 @@ def test_hostile_cohort_replies_never_raise_are_counted_and_move_the_average_by_
                              ({"aggregated": len(_ids(to))},)))  # fmt: skip
     order = data.draw(st.permutations(range(len(sent))), label="order")
     hostile_clients = sum(len(_ids(m)) for m in hostile)
-    _check_round(strategy, reference, server_round, [sent[i] for i in order], honest, hostile_clients)
+    sampled = sum(len(_ids(m)) for m in messages)
+    _check_round(strategy, reference, server_round, [sent[i] for i in order], honest, hostile_clients, sampled)

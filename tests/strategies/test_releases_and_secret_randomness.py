@@ -50,13 +50,12 @@ def test_secure_randomness_sends_no_seed_and_samples_differently_every_time():
 
 def test_fed_smp_round_masks_come_from_the_csprng_when_secure():
     secure = build("strategy=fed_smp_randk", *POP, "privacy.secure_noise=true")
-    secure._shapes = SHAPES
-    masks = [secure.round_mask(1) for _ in range(2)]
+    masks = [secure.round_mask(1, zeros(SHAPES), []) for _ in range(2)]
     assert [int(m.sum()) for m in masks[0]] == [mech.kept_count(600, 0.4), mech.kept_count(30, 0.4)]
     assert not all(np.array_equal(a, b) for a, b in zip(*masks, strict=True))
     seeded = build("strategy=fed_smp_randk", *POP)
-    seeded._shapes = SHAPES
-    assert all(np.array_equal(a, b) for a, b in zip(seeded.round_mask(1), seeded.round_mask(1), strict=True))
+    same = [seeded.round_mask(1, zeros(SHAPES), []) for _ in range(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(*same, strict=True))
 
 
 def test_a_client_without_a_seed_shuffles_with_its_own():
