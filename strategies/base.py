@@ -153,6 +153,18 @@ class RoundPlan:
 
 
 @dataclass
+class Contribution:
+    """A screened reply: the sum of its accepted clients' updates (one client's update, or a cohort's sum), those
+    clients with their reported statistics, the partitions it says failed or were rejected (by kind), and how many
+    its worker re-clipped. A per-client reply is a cohort of one."""
+
+    total: list[np.ndarray]
+    clients: list[tuple[int, dict[str, float]]]
+    rejections: dict[str, list[int]] = field(default_factory=dict)
+    reclipped: int = 0
+
+
+@dataclass
 class RoundOutcome:
     """What aggregation produced, before evaluation and accounting fill in the rest of the record."""
 
@@ -701,9 +713,16 @@ class FederatedStrategy(Strategy):
 
     # ----- the aggregation of steps 5-6 -------------------------------------------------------------------------
 
-    def screen_reply(self, plan: RoundPlan, reply: Message, partition_id: int) -> tuple[str, Any]:
+    def screen(self, plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contribution | str]:
+        """Step 5's screening of a bound reply (for the partitions ``ids`` its message carried): ("ok",
+        :class:`Contribution`) or (rejection kind, reason), in the reply format of the plan's messages."""
+        if plan.cohort_mode:
+            return self.screen_cohort_reply(plan, reply, ids)
+        return self.screen_reply(plan, reply, ids[0])
+
+    def screen_reply(self, plan: RoundPlan, reply: Message, partition_id: int) -> tuple[str, Contribution | str]:
         """Classify the reply for ``partition_id`` (the partition its message carried, :meth:`RoundPlan.bind`) as
-        ("ok", (partition_id, update, metrics)) or (rejection kind, reason).
+        ("ok", a :class:`Contribution` of one client) or (rejection kind, reason).
 
         Nothing a client sends is trusted: an error, a missing or malformed field, a partition id other than the
         one its message carried, wrong shapes or dtypes, NaN/Inf anywhere, or a norm that overflows rejects it.
@@ -725,14 +744,12 @@ class FederatedStrategy(Strategy):
             return kind, f"the update has {kind} values"
         if not (math.isfinite(metrics["pre_clip_norm"]) and metrics["pre_clip_norm"] >= 0):
             return "malformed", f"pre_clip_norm={metrics['pre_clip_norm']}"
-        return "ok", (partition_id, update, metrics)
+        return "ok", Contribution(total=update, clients=[(partition_id, metrics)])
 
-    def screen_cohort_reply(self, plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Any]:
-        """Classify a cohort reply (for the cohort ``ids`` its message carried) as ("ok", payload) or (kind, reason).
-
-        The payload is (sum of the accepted clients' updates, [(partition id, metrics)] of those clients,
-        {rejection kind: partitions}, clients the worker re-clipped). The worker's accounting must cover exactly
-        the cohort it was sent, each partition once; the sum must have the model's shapes and be finite.
+    def screen_cohort_reply(self, plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contribution | str]:
+        """Classify a cohort reply (for the cohort ``ids`` its message carried) as ("ok", :class:`Contribution`) or
+        (kind, reason). The worker's accounting must cover exactly the cohort it was sent, each partition once; the
+        sum must have the model's shapes and be finite.
         """
         if reply.has_error():
             return "failed", str(reply.error.reason or "")[:300]
@@ -764,7 +781,7 @@ class FederatedStrategy(Strategy):
             for i, pid in enumerate(accepted_ids)
         ]
         rejections = {COHORT_REJECTIONS[key]: [int(v) for v in value] for key, value in rejected.items()}
-        return "ok", (total, clients, rejections, int(worker_reclipped))
+        return "ok", Contribution(total=total, clients=clients, rejections=rejections, reclipped=int(worker_reclipped))
 
     def _log_rejection(self, server_round: int, kind: str, reason: str) -> None:
         # Logs are published. A reason can name a partition (an error text a client wrote, a claimed id), and each
@@ -789,37 +806,20 @@ class FederatedStrategy(Strategy):
                                     "from the node it went to")  # fmt: skip
                 continue
             received += len(ids)
-            if plan.cohort_mode:
-                kind, payload = self.screen_cohort_reply(plan, reply, ids)
-                if kind != "ok":
-                    counts[kind] += len(ids)
-                    self._log_rejection(server_round, kind, payload)
-                    continue
-                total, accepted, rejections, worker_reclipped = payload
-                for rejection, pids in rejections.items():
-                    counts[rejection] += len(pids)
-                reclipped += worker_reclipped
-                if not accepted:
-                    continue
-                if plan.mask is not None:
-                    total = mech.apply_mask(total, plan.mask)
-                if self.server_clips:
-                    # The worker re-clipped each client to C; a sum of k such updates is within k·C.
-                    total, norm = mech.clip_update(total, len(accepted) * self.clip_norm)
-                    reclipped += len(accepted) * int(norm > len(accepted) * self.clip_norm * (1 + 1e-5))
-                contributions.append((accepted[0][0], total, len(accepted)))
-                clients.extend(accepted)
+            kind, screened = self.screen(plan, reply, ids)
+            if not isinstance(screened, Contribution):
+                counts[kind] += len(ids)
+                self._log_rejection(server_round, kind, screened)
                 continue
-            kind, payload = self.screen_reply(plan, reply, ids[0])
-            if kind != "ok":
-                counts[kind] += 1
-                self._log_rejection(server_round, kind, payload)
+            for rejection, pids in screened.rejections.items():
+                counts[rejection] += len(pids)
+            reclipped += screened.reclipped
+            if not screened.clients:
                 continue
-            partition_id, update, metrics = payload
-            update, was_reclipped = self.admit(plan, update)
-            reclipped += was_reclipped
-            contributions.append((partition_id, update, 1))
-            clients.append((partition_id, metrics))
+            total, server_reclipped = self.admit(plan, screened.total, len(screened.clients))
+            reclipped += server_reclipped
+            contributions.append((screened.clients[0][0], total, len(screened.clients)))
+            clients.extend(screened.clients)
         canaries = self.canary_updates(plan)
         # After every real client (ids M + i), adding nothing to the count of clients: m stays the real clients'.
         contributions += [(self.num_clients + index, update, 0) for index, update in canaries]
@@ -870,17 +870,19 @@ class FederatedStrategy(Strategy):
         self.clip_norm = adaptive.next_clip_norm(self.clip_norm, fraction, p.target_quantile, p.clip_learning_rate)
         return {"fraction_clipped_noisy": fraction, "clip_norm_next": self.clip_norm}
 
-    def admit(self, plan: RoundPlan, update: list[np.ndarray]) -> tuple[list[np.ndarray], int]:
-        """Step 5 for one screened update: the round's mask, the server's clip; (update, 1 if re-clipped)."""
+    def admit(self, plan: RoundPlan, total: list[np.ndarray], clients: int = 1) -> tuple[list[np.ndarray], int]:
+        """Step 5 for a screened sum of ``clients`` updates: the round's mask, the server's clip to clients·C;
+        (sum, clients if it had to be re-clipped else 0)."""
         if plan.mask is not None:
             # The round's mask is public; whatever a client sent outside it is dropped.
-            update = mech.apply_mask(update, plan.mask)
+            total = mech.apply_mask(total, plan.mask)
         if not self.server_clips:
-            return update, 0
-        # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply.
-        clip_norm = self.clip_norm
-        update, server_norm = mech.clip_update(update, clip_norm)
-        return update, int(server_norm > clip_norm * (1 + 1e-5))
+            return total, 0
+        # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply. A cohort's worker
+        # re-clipped each client to C, so a sum of k such updates is within k·C.
+        bound = clients * self.clip_norm
+        total, server_norm = mech.clip_update(total, bound)
+        return total, clients * int(server_norm > bound * (1 + 1e-5))
 
     def canary_updates(self, plan: RoundPlan) -> list[tuple[int, list[np.ndarray]]]:
         """This round's canaries (``audit``) after the path a real client's update takes: the recipe's client
