@@ -27,13 +27,13 @@ import numpy as np
 import torch
 
 from clients.faults import inject_fault
-from clients.numpy_client import _model, client_data, client_generator, resolve_device, train_one
+from clients.numpy_client import _model, client_data, client_generator, train_one
 from clients.recipes import privatize_update
 from clients.regularizers import blur_term
 from clients.training import LocalTrainingResult
 from clients.vectorized import StackedRegularizer, train_stacked, train_stacked_noisy
 from fl_app.instructions import TrainInstructions
-from fl_app.models import set_weights, weight_names
+from fl_app.models import resolve_device, set_weights, weight_names
 from fl_app.privacy import mechanisms as mech
 
 Engine = Literal["sequential", "vectorized"]

@@ -21,18 +21,12 @@ from clients.training import LocalTrainingResult, train_local, train_local_noisy
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
-from fl_app.models import build_model_for_dataset, get_weights, set_weights
+from fl_app.models import build_model_for_dataset, get_weights, resolve_device, set_weights
 from fl_app.privacy.mechanisms import random_source
 
 
 class LocalTrainingDivergedError(RuntimeError):
     """The local loss became NaN/Inf; the client reports failure instead of sending a non-finite update."""
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
-        return torch.device("cuda")
-    return torch.device("cpu")
 
 
 def _train_data(spec: DataSpec) -> TensorData:

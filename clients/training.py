@@ -22,20 +22,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from clients.sam import SAM, frozen_batchnorm_stats
+from fl_app.config import NOISY_SCHEDULES
+from fl_app.instructions import LocalTrainingConfig, NoisyLocalConfig, NoisySchedule
 
 __all__ = [
     "LocalTrainingConfig",
     "LocalTrainingResult",
     "NoisyLocalConfig",
     "NoisySchedule",
-    "evaluate",
     "local_lr",
     "noisy_step_lr",
     "train_local",
@@ -43,42 +43,6 @@ __all__ = [
 ]
 
 ExtraLoss = Callable[[nn.Module], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class LocalTrainingConfig:
-    """Hyper-parameters of one client's local training (SPEC §3 defaults)."""
-
-    epochs: int
-    batch_size: int
-    lr: float
-    momentum: float = 0.5
-    weight_decay: float = 5e-4
-    lr_decay: float = 0.998
-    optimizer: Literal["sgd", "sam"] = "sgd"
-    rho: float = 0.05
-    adaptive: bool = False
-    max_steps: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0.0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.momentum < 0.0:
-            raise ValueError(f"momentum must be >= 0, got {self.momentum}")
-        if self.weight_decay < 0.0:
-            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
-        if not self.lr_decay > 0.0:
-            raise ValueError(f"lr_decay must be > 0, got {self.lr_decay}")
-        if self.optimizer not in ("sgd", "sam"):
-            raise ValueError(f"optimizer must be 'sgd' or 'sam', got {self.optimizer!r}")
-        if self.rho < 0.0:
-            raise ValueError(f"rho must be >= 0, got {self.rho}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be None or >= 1, got {self.max_steps}")
 
 
 @dataclass(frozen=True)
@@ -255,73 +219,7 @@ def train_local(
     return _result(params, diverged, loss_sum, correct, seen, n, num_steps)
 
 
-def evaluate(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int = 1024
-) -> tuple[float, float]:
-    """Mean cross-entropy and accuracy of ``model`` on (x, y) in eval mode (running BN stats, no dropout).
-
-    The model is moved to ``device``; its previous train/eval mode is restored afterwards. An empty set gives
-    ``(nan, nan)``.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    n = int(x.shape[0])
-    if n == 0:
-        return math.nan, math.nan
-    was_training = model.training
-    model.to(device)
-    model.eval()
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    try:
-        with torch.inference_mode():
-            for start in range(0, n, batch_size):
-                xb = x[start : start + batch_size].to(device)
-                yb = y[start : start + batch_size].to(device=device, dtype=torch.long)
-                logits = model(xb)
-                loss_sum += F.cross_entropy(logits, yb, reduction="sum")
-                correct += (logits.argmax(dim=1) == yb).sum()
-    finally:
-        model.train(was_training)
-    return loss_sum.item() / n, correct.item() / n
-
-
 # --- Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Algorithm 1) ----------------------------------------------
-
-NoisySchedule = Literal["constant", "cyclic", "stagewise", "continuous"]
-_NOISY_SCHEDULES: tuple[str, ...] = ("constant", "cyclic", "stagewise", "continuous")
-
-
-@dataclass(frozen=True)
-class NoisyLocalConfig:
-    """Local hyper-parameters of Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Alg. 1; SPEC_BASELINES.md).
-
-    ``steps`` is K (local steps per round, independent of the client's data size), ``lr`` the paper's constant μ
-    in the step size η_{k,t} (see :func:`noisy_step_lr`; not the GDP μ of the privacy bound), ``grad_clip`` the
-    per-step minibatch-gradient bound V and ``prox_coef`` the FedProx α (0 gives Noisy-FedAvg).
-    """
-
-    steps: int
-    batch_size: int
-    lr: float
-    schedule: NoisySchedule
-    grad_clip: float
-    prox_coef: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not (self.lr > 0.0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
-        if self.schedule not in _NOISY_SCHEDULES:
-            raise ValueError(f"schedule must be one of {_NOISY_SCHEDULES}, got {self.schedule!r}")
-        # V enters the privacy bound (sensitivity of each step), so it must be a real, finite bound.
-        if not (self.grad_clip > 0.0 and math.isfinite(self.grad_clip)):
-            raise ValueError(f"grad_clip (V) must be finite and > 0, got {self.grad_clip}")
-        if not (self.prox_coef >= 0.0 and math.isfinite(self.prox_coef)):
-            raise ValueError(f"prox_coef (alpha) must be finite and >= 0, got {self.prox_coef}")
 
 
 def noisy_step_lr(lr: float, schedule: NoisySchedule, k: int, t: int, K: int) -> float:
@@ -351,7 +249,7 @@ def noisy_step_lr(lr: float, schedule: NoisySchedule, k: int, t: int, K: int) ->
         return lr / (t + 1)
     if schedule == "continuous":
         return lr / (t * K + k + 1)
-    raise ValueError(f"schedule must be one of {_NOISY_SCHEDULES}, got {schedule!r}")
+    raise ValueError(f"schedule must be one of {NOISY_SCHEDULES}, got {schedule!r}")
 
 
 def train_local_noisy(

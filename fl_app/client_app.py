@@ -18,8 +18,9 @@ from flwr.clientapp import ClientApp
 
 from clients.cohort import resolve_engine, train_cohort
 from clients.faults import inject_fault
-from clients.numpy_client import DPClient, LocalTrainingDivergedError, resolve_device
+from clients.numpy_client import DPClient, LocalTrainingDivergedError
 from fl_app.instructions import TrainInstructions
+from fl_app.models import resolve_device
 from fl_app.threads import limit_library_threads
 
 app = ClientApp()

@@ -19,6 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from fl_app.server_optimizers import SERVER_OPTIMIZERS
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+#: Noisy-FedAvg / Noisy-FedProx learning-rate schedules of seed 004's Thm 3 (``strategy.lr_schedule``).
+NOISY_SCHEDULES: tuple[str, ...] = ("constant", "cyclic", "stagewise", "continuous")
 
 Sampling = Literal["poisson", "fixed"]
 Placement = Literal["client", "server"]
@@ -350,8 +352,7 @@ def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
         cfg = replace(cfg, mask_source=cfg.mask_source or mask_sources[0])
         _require(cfg.mask_source in mask_sources, "strategy.mask_source", cfg.mask_source, " | ".join(mask_sources))
     _require(cfg.noisy_lr > 0, "strategy.noisy_lr", cfg.noisy_lr, "> 0")
-    schedules = ("constant", "cyclic", "stagewise", "continuous")
-    _require(cfg.lr_schedule in schedules, "strategy.lr_schedule", cfg.lr_schedule, " | ".join(schedules))
+    _require(cfg.lr_schedule in NOISY_SCHEDULES, "strategy.lr_schedule", cfg.lr_schedule, " | ".join(NOISY_SCHEDULES))
     _require(cfg.grad_clip > 0, "strategy.grad_clip", cfg.grad_clip, "V > 0")
     _require(cfg.noise_std >= 0, "strategy.noise_std", cfg.noise_std, "sigma >= 0")
     _require(cfg.prox_coef >= 0, "strategy.prox_coef", cfg.prox_coef, "alpha >= 0")

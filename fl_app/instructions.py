@@ -8,13 +8,13 @@ configuration of their own beyond their node config.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from flwr.app import ConfigRecord
 
-from clients.training import LocalTrainingConfig, NoisyLocalConfig
-from fl_app.config import AppConfig
+from fl_app.config import NOISY_SCHEDULES, AppConfig
 
 # Purposes of the random streams: simulation randomness is mech.make_rng(seed, round, purpose[, partition]),
 # so every draw is a pure function of (seed, round, client) and a resumed or re-run round draws the same values.
@@ -26,6 +26,77 @@ STREAM_CLIENT_SHUFFLE = 3
 STREAM_ROUND_MASK = 4
 STREAM_STATISTICS = 5
 STREAM_ADAPTIVE_CLIP = 6
+
+
+@dataclass(frozen=True)
+class LocalTrainingConfig:
+    """Hyper-parameters of one client's local training (SPEC §3 defaults)."""
+
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float = 0.5
+    weight_decay: float = 5e-4
+    lr_decay: float = 0.998
+    optimizer: Literal["sgd", "sam"] = "sgd"
+    rho: float = 0.05
+    adaptive: bool = False
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0.0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.momentum < 0.0:
+            raise ValueError(f"momentum must be >= 0, got {self.momentum}")
+        if self.weight_decay < 0.0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.lr_decay > 0.0:
+            raise ValueError(f"lr_decay must be > 0, got {self.lr_decay}")
+        if self.optimizer not in ("sgd", "sam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'sam', got {self.optimizer!r}")
+        if self.rho < 0.0:
+            raise ValueError(f"rho must be >= 0, got {self.rho}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be None or >= 1, got {self.max_steps}")
+
+
+NoisySchedule = Literal["constant", "cyclic", "stagewise", "continuous"]
+
+
+@dataclass(frozen=True)
+class NoisyLocalConfig:
+    """Local hyper-parameters of Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Alg. 1; SPEC_BASELINES.md).
+
+    ``steps`` is K (local steps per round, independent of the client's data size), ``lr`` the paper's constant μ
+    in the step size η_{k,t} (see :func:`noisy_step_lr`; not the GDP μ of the privacy bound), ``grad_clip`` the
+    per-step minibatch-gradient bound V and ``prox_coef`` the FedProx α (0 gives Noisy-FedAvg).
+    """
+
+    steps: int
+    batch_size: int
+    lr: float
+    schedule: NoisySchedule
+    grad_clip: float
+    prox_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not (self.lr > 0.0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr must be finite and > 0, got {self.lr}")
+        if self.schedule not in NOISY_SCHEDULES:
+            raise ValueError(f"schedule must be one of {NOISY_SCHEDULES}, got {self.schedule!r}")
+        # V enters the privacy bound (sensitivity of each step), so it must be a real, finite bound.
+        if not (self.grad_clip > 0.0 and math.isfinite(self.grad_clip)):
+            raise ValueError(f"grad_clip (V) must be finite and > 0, got {self.grad_clip}")
+        if not (self.prox_coef >= 0.0 and math.isfinite(self.prox_coef)):
+            raise ValueError(f"prox_coef (alpha) must be finite and >= 0, got {self.prox_coef}")
 
 
 @dataclass(frozen=True)

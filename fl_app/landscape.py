@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from clients.training import evaluate
+from fl_app.models import evaluate
 
 __all__ = [
     "LoadedRun",

@@ -19,10 +19,12 @@ meaningfully, and would reveal the client's number of local steps (hence its dat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = [
@@ -148,3 +150,41 @@ def set_weights(model: nn.Module, weights: Sequence[np.ndarray]) -> None:
         for (_, tensor), w in zip(entries, arrays, strict=True):
             # torch.tensor copies, so read-only arrays (e.g. deserialised from a Flower message) are fine.
             tensor.copy_(torch.tensor(w))
+
+
+def resolve_device(name: str) -> torch.device:
+    """``simulation.device``: ``cuda``, ``cpu``, or ``auto`` (CUDA when torch sees a GPU)."""
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, batch_size: int = 1024
+) -> tuple[float, float]:
+    """Mean cross-entropy and accuracy of ``model`` on (x, y) in eval mode (running BN stats, no dropout).
+
+    The model is moved to ``device``; its previous train/eval mode is restored afterwards. An empty set gives
+    ``(nan, nan)``.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = int(x.shape[0])
+    if n == 0:
+        return math.nan, math.nan
+    was_training = model.training
+    model.to(device)
+    model.eval()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    try:
+        with torch.inference_mode():
+            for start in range(0, n, batch_size):
+                xb = x[start : start + batch_size].to(device)
+                yb = y[start : start + batch_size].to(device=device, dtype=torch.long)
+                logits = model(xb)
+                loss_sum += F.cross_entropy(logits, yb, reduction="sum")
+                correct += (logits.argmax(dim=1) == yb).sum()
+    finally:
+        model.train(was_training)
+    return loss_sum.item() / n, correct.item() / n

@@ -23,14 +23,12 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 from hydra.utils import get_class
 
-from clients.numpy_client import resolve_device
-from clients.training import evaluate
 from fl_app.atomic import atomic_write
 from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
 from fl_app.data.datasets import load_dataset
 from fl_app.metrics import MetricsWriter, write_json_atomic
-from fl_app.models import build_model_for_dataset, get_weights, set_weights, weight_names
+from fl_app.models import build_model_for_dataset, evaluate, get_weights, resolve_device, set_weights, weight_names
 from fl_app.threads import limit_library_threads
 from strategies.base import EvaluateFn, FederatedStrategy, is_simulation
 

@@ -51,7 +51,6 @@ from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
 from clients.recipes import privatize_update
-from clients.training import LocalTrainingConfig, NoisyLocalConfig
 from clients.vectorized import check_vectorizable
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint, save_checkpoint
@@ -62,6 +61,8 @@ from fl_app.instructions import (
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
+    LocalTrainingConfig,
+    NoisyLocalConfig,
     RecipeSpec,
     TrainInstructions,
     local_training_config,

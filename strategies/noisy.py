@@ -15,8 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from clients.training import NoisyLocalConfig
-from fl_app.instructions import RecipeSpec
+from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger

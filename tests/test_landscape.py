@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-from clients.training import evaluate
 from fl_app.landscape import (
     filter_normalized_direction,
     loss_surface_1d,
@@ -20,6 +19,7 @@ from fl_app.landscape import (
     sharpness_summary,
     symmetric_grid,
 )
+from fl_app.models import evaluate
 
 CPU = torch.device("cpu")
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clients.training import LocalTrainingConfig, LocalTrainingResult, evaluate, local_lr, train_local
+from clients.training import LocalTrainingConfig, LocalTrainingResult, local_lr, train_local
+from fl_app.models import evaluate
 
 CPU = torch.device("cpu")
 
