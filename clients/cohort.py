@@ -43,7 +43,7 @@ REJECTIONS = ("failed", "nonfinite", "shape")
 
 
 def resolve_engine(requested: str, device: torch.device) -> Engine:
-    """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, README "Performance")."""
+    """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, docs/performance.md)."""
     if requested in ("sequential", "vectorized"):
         return requested  # type: ignore[return-value]
     return "vectorized" if device.type == "cuda" else "sequential"

@@ -176,7 +176,7 @@ class ServerOptimizerConfig:
 
 @dataclass(frozen=True)
 class FaultInjectionConfig:
-    """Chaos testing: partitions whose client misbehaves on purpose (the server must cope; see README)."""
+    """Chaos testing: partitions whose client misbehaves on purpose (the server must cope; see docs/running.md)."""
 
     raise_partitions: tuple[int, ...] = ()
     nan_partitions: tuple[int, ...] = ()
@@ -452,7 +452,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         not (placement == "client" and sampling == "poisson"),
         "privacy.placement",
         placement,
-        "server with sampling=poisson (client placement needs sampling=fixed, see README 'Noise placement')",
+        "server with sampling=poisson (client placement needs sampling=fixed, see docs/mechanisms.md, Noise)",
     )
     return PrivacyConfig(
         clip_norm=clip_norm,

@@ -7,7 +7,7 @@ Each run writes its resolved config (Hydra's ``.hydra/``), ``run.json``, ``metri
 
 Flower 1.41 marks ``flwr.simulation.run_simulation`` deprecated in favour of ``flwr run``. We keep it here
 because a Hydra job (one of many in a sweep) needs an in-process launch with its own config object and output
-directory; the ServerApp/ClientApp it runs are exactly the ones ``flwr run`` uses (see README).
+directory; the ServerApp/ClientApp it runs are exactly the ones ``flwr run`` uses (docs/running.md: Flower API).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def backend_config(config: AppConfig) -> dict[str, Any]:
         "log_to_driver": True,
         # Flower 1.41 defaults to False as well; pinned so that an upgrade cannot switch the dashboard UI on. The
         # dashboard process itself, its agent, the runtime-env agent, the log monitor and the autoscaler monitor
-        # are started by every ray.init in Ray 2.55 whatever its arguments (README, Scale out); usage stats are
+        # are started by every ray.init in Ray 2.55 whatever its arguments (docs/running.md, Scale out); usage stats are
         # already off (ray.init sets RAY_USAGE_STATS_ENABLED=0 for release wheels).
         "include_dashboard": False,
         # "local": a Ray of this run's own even when RAY_ADDRESS is set or a `ray start` cluster is running; a
@@ -104,7 +104,7 @@ def join_ray_cluster(config: AppConfig) -> None:
 
     Same ``ray.init`` call as Flower's backend makes (it skips its own when Ray is initialised): its init_args
     and a runtime_env that hands the driver's ``sys.path`` to the workers as PYTHONPATH. Workers on other
-    machines import the project from their own environment (README, Scale out: a Ray cluster).
+    machines import the project from their own environment (docs/running.md, Scale out: a Ray cluster).
     """
     import ray
     from flwr.common.logger import log
@@ -173,7 +173,7 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
         if config.simulation.ray_address is not None:
             join_ray_cluster(config)
         num_nodes = simulation_nodes(config)
-        # Flower logs a deprecation warning for run_simulation here; see the module docstring and README.
+        # Flower logs a deprecation warning for run_simulation here; see the module docstring and docs/running.md.
         run_simulation(
             server_app=make_server_app(config, output_dir, progress=progress),
             client_app=client_app,

@@ -14,7 +14,7 @@ stamp="$VENV/.dpfedsam-installed"
 if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ]; then
   echo "[setup] installing the project and its dependencies (first time: torch/torchvision wheels, a few GB)"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
-  # torch and torchvision come from the registry together so pip picks a matching pair (see README).
+  # torch and torchvision come from the registry together so pip picks a matching pair (see README, Two commands).
   "$VENV/bin/python" -m pip install --quiet -e "$ROOT[test]"
   touch "$stamp"
 fi

@@ -200,7 +200,7 @@ def _fixed_rdp_epsilon(segments: Sequence[Segment], delta: float, population: in
     sum is σC, so the multiplier handed to dp_accounting is σ/2 (:data:`REPLACE_ONE_SENSITIVITY_FACTOR`).
     SPEC §7 pins 22.47 for M=500, m=50, σ=0.95, T=300, which is dp_accounting with multiplier σ, i.e. a
     replace-one sensitivity of C; that understates ε for our mechanism (≈ 300.8 with σ/2). We account the sound
-    number and the tests pin both (see README "Fixed-size sampling").
+    number and the tests pin both (see docs/mechanisms.md "Fixed-size sampling").
     """
     orders, _ = _fixed_rdp_per_round(segments[0][0], segments[0][1], population)
     rdp = sum(steps * _fixed_rdp_per_round(sigma, q, population)[1] for sigma, q, steps in segments)
