@@ -1,37 +1,34 @@
-"""One markdown row per run of a sweep: ``python -m fl_app.summary <sweep or runs dir>``.
+"""One markdown row per run of a sweep: ``python -m fl_app.report.summary <sweep or runs dir>``.
 
-Reads every ``run.json`` below the directory (with its ``metrics.jsonl``) and prints strategy, status, rounds, the
-final test accuracy, ε and the run's stated DP guarantee. Runs that failed or never finished are listed as such.
+Every job directory :func:`~fl_app.report.runs.collect_runs` finds (``run.json`` with its ``metrics.jsonl``, or a
+Hydra job that never wrote one): strategy, status, rounds, the last round's test accuracy and ε, and the run's
+stated DP guarantee. Runs that failed or never finished are listed as such.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
 from typing import Any
 
-from fl_app.metrics import read_metrics
+from fl_app.report.runs import collect_runs
 
 
 def summarize(root: Path) -> list[dict[str, Any]]:
     rows = []
-    for meta_path in sorted(root.rglob("run.json")):
-        meta = json.loads(meta_path.read_text())
-        metrics_path = meta_path.parent / "metrics.jsonl"
-        records = read_metrics(metrics_path) if metrics_path.exists() else []
-        last = records[-1] if records else {}
+    for run in collect_runs(root):
+        last = run.records[-1] if run.records else {}
         rows.append(
             {
-                "run": str(meta_path.parent.relative_to(root)),
-                "strategy": meta.get("config", {}).get("strategy", {}).get("name", "?"),
-                "status": meta.get("status", "?"),
-                "rounds": len(records),
+                "run": str(run.path.relative_to(root)),
+                "strategy": run.config.get("strategy", {}).get("name", "?"),
+                "status": run.status,
+                "rounds": len(run.records),
                 "test_accuracy": last.get("test_accuracy"),
                 "epsilon": last.get("epsilon"),
-                "dp_guarantee": meta.get("dp_guarantee", "?"),
+                "dp_guarantee": run.meta.get("dp_guarantee", "?"),
             }
         )
     return rows
@@ -57,7 +54,7 @@ def to_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fl_app.report.summary", description=__doc__)
     parser.add_argument("root", type=Path, help="a sweep directory (multirun/...) or a directory of runs")
     args = parser.parse_args(argv)
     rows = summarize(args.root)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from fl_app.summary import main, summarize
+from fl_app.report.summary import main, summarize
 
 
 def _run(root: Path, name: str, status: str, records: list[dict], guarantee: str) -> None:
