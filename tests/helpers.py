@@ -3,12 +3,17 @@ ServerApp, and a fake Grid with the two methods ``FederatedStrategy.start()`` us
 
 from __future__ import annotations
 
+import json
+import math
+from pathlib import Path
+
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.superlink.grid import InMemoryGrid
 from hydra.utils import get_class
 
 from fl_app.config import compose_config
+from fl_app.metrics import read_metrics
 from fl_app.privacy.mechanisms import global_l2_norm
 from strategies.base import FederatedStrategy, RoundPlan
 
@@ -204,3 +209,35 @@ class InProcessGrid(InMemoryGrid):
         self._pushes += 1
         self.sent.append(len(messages))
         return replies
+
+
+#: Strategies whose run states "not covered" (fed_smp_topk as published: data-dependent top-k support;
+#: noisy_fedprox: Thm 4's argument does not hold as proven) and the non-private references.
+NOT_COVERED = {"fed_smp_topk", "noisy_fedprox"}
+NON_PRIVATE = {"fedavg", "fedsam"}
+
+
+def assert_two_round_run(run: Path, name: str) -> None:
+    """A completed 2-round run of strategy ``name`` in ``run``: every round aggregated, test metrics, ε growing
+    (or none for the references), the guarantee it states, a finite final model."""
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "completed"
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["round"] for r in records] == [1, 2]
+    assert all(r["aggregated"] > 0 and r["failed"] == 0 for r in records)
+    assert all(math.isfinite(r["test_loss"]) and 0 <= r["test_accuracy"] <= 1 for r in records)
+    guarantee = meta["dp_guarantee"]
+    if name in NON_PRIVATE:
+        assert guarantee.startswith("none")
+        assert records[-1]["epsilon"] is None
+    elif name in NOT_COVERED:
+        assert guarantee.startswith("not covered:")
+        assert 0 < records[0]["epsilon"] < records[1]["epsilon"] < math.inf  # what the (uncovering) bound says
+    else:
+        assert "-DP" in guarantee and not guarantee.startswith("not covered")
+        assert 0 < records[0]["epsilon"] < records[1]["epsilon"] < math.inf
+        assert meta["rounds_released"] == 2
+    if name.startswith("noisy_"):
+        assert records[-1]["gdp_mu"] > 0 and "assumes L" in guarantee
+    with np.load(run / "final_model.npz") as model:
+        assert all(np.isfinite(model[k]).all() for k in model.files)

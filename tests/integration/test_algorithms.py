@@ -9,7 +9,6 @@ engine under the other eight strategies."""
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +16,12 @@ from pathlib import Path
 import pytest
 
 from bench.processes import ROOT, run_env
-from fl_app.metrics import read_metrics
+from tests.helpers import assert_two_round_run
 from tests.integration.conftest import SMALL
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 STRATEGIES = sorted(p.stem for p in (ROOT / "conf" / "strategy").glob("*.yaml"))
-# fed_smp_topk as published: data-dependent top-k support; noisy_fedprox: Thm 4's argument does not hold as proven.
-NOT_COVERED = {"fed_smp_topk", "noisy_fedprox"}
-NON_PRIVATE = {"fedavg", "fedsam"}
 #: Run under Ray by other default-suite tests (test_simulation.py: dp_fedsam; test_audit.py: dp_fedavg).
 RUN_ELSEWHERE = ("dp_fedavg", "dp_fedsam", "fedavg")
 
@@ -67,32 +63,10 @@ def sweep_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [s for s in STRATEGIES if s not in RUN_ELSEWHERE])
 def test_algorithm_runs_two_rounds_and_states_its_guarantee(sweep: dict[str, Path], name: str) -> None:
-    _check(sweep[name], name)
+    assert_two_round_run(sweep[name], name)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", RUN_ELSEWHERE)
 def test_algorithms_run_elsewhere_also_run_two_rounds_here(sweep_elsewhere: dict[str, Path], name: str) -> None:
-    _check(sweep_elsewhere[name], name)
-
-
-def _check(run: Path, name: str) -> None:
-    meta = json.loads((run / "run.json").read_text())
-    assert meta["status"] == "completed"
-    records = read_metrics(run / "metrics.jsonl")
-    assert [r["round"] for r in records] == [1, 2]
-    assert all(r["aggregated"] > 0 and r["failed"] == 0 for r in records)
-    assert all(math.isfinite(r["test_loss"]) and 0 <= r["test_accuracy"] <= 1 for r in records)
-    guarantee = meta["dp_guarantee"]
-    if name in NON_PRIVATE:
-        assert guarantee.startswith("none")
-        assert records[-1]["epsilon"] is None
-    elif name in NOT_COVERED:
-        assert guarantee.startswith("not covered:")
-        assert 0 < records[0]["epsilon"] < records[1]["epsilon"] < math.inf  # what the (uncovering) bound says
-    else:
-        assert "-DP" in guarantee and not guarantee.startswith("not covered")
-        assert 0 < records[0]["epsilon"] < records[1]["epsilon"] < math.inf
-    if name.startswith("noisy_"):
-        assert records[-1]["gdp_mu"] > 0 and "assumes L" in guarantee
-    assert (run / "final_model.npz").exists()
+    assert_two_round_run(sweep_elsewhere[name], name)
