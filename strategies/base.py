@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
@@ -76,6 +76,7 @@ from fl_app.privacy.accounting import calibrate_noise_multiplier
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
 from fl_app.server_optimizers import ServerOptimizer
+from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.population import Population, balance_cohorts
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
@@ -201,6 +202,7 @@ class FederatedStrategy(Strategy):
         checkpoint_dir: Path | None = None,
         resume_from: Checkpoint | None = None,
         on_accounted: AccountedFn | None = None,
+        observers: Sequence[RoundObserver] = (),
         **settings: Any,
     ) -> None:
         """Build the strategy from a validated ``config``, or from keyword ``settings`` over conf/'s defaults
@@ -209,7 +211,9 @@ class FederatedStrategy(Strategy):
 
         What a run needs beyond Flower's ``start()`` arguments comes here: ``metrics`` (the per-round writer),
         ``checkpoint_dir`` (checkpoints, the release log, the audit's files), ``resume_from`` (continue after that
-        checkpoint) and ``on_accounted`` (called whenever the released and accounted state changes).
+        checkpoint), ``on_accounted`` (called whenever the released and accounted state changes) and ``observers``
+        (:class:`strategies.observers.RoundObserver`: told about every completed round, after the metrics log and
+        the checkpoint).
         """
         if config is None:
             config = compose_config(settings_overrides(self.config_name, settings))
@@ -220,6 +224,7 @@ class FederatedStrategy(Strategy):
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.resume_from = resume_from
         self.on_accounted = on_accounted
+        self.observers = list(observers)
         #: Rounds completed by start() (a resumed run counts the rounds it ran).
         self.rounds_completed = 0
         privacy = config.privacy
@@ -960,8 +965,13 @@ class FederatedStrategy(Strategy):
         ``on_accounted`` is called after the resume's accounting and after every round's, before that round's model
         can leave the server (the ServerApp keeps run.json true with it).
         """
-        metrics, checkpoint_dir, resume_from = self.metrics, self.checkpoint_dir, self.resume_from
-        on_accounted = self.on_accounted
+        checkpoint_dir, resume_from, on_accounted = self.checkpoint_dir, self.resume_from, self.on_accounted
+        observers: list[RoundObserver] = []
+        if self.metrics is not None:
+            observers.append(MetricsLog(self.metrics))
+        if checkpoint_dir is not None and self.config.checkpoint_every:
+            observers.append(Checkpointer(checkpoint_dir, self.config.checkpoint_every, num_rounds))
+        observers += self.observers
         if not self.settings_resolved:
             self.resolve_settings(is_simulation(grid))
         self.summary()
@@ -1085,19 +1095,8 @@ class FederatedStrategy(Strategy):
             if client_metrics:
                 result.train_metrics_clientapp[server_round] = MetricRecord(client_metrics)
             self.rounds_completed += 1
-            if metrics is not None:
-                metrics.write(record)
-                if self.client_statistics != "raw":
-                    metrics.write_operator(
-                        {"round": server_round, **{k: outcome.stats[k] for k in CLIENT_COUNTS if k in outcome.stats}}
-                    )
-            every = self.config.checkpoint_every
-            if checkpoint_dir is not None and every and (server_round % every == 0 or server_round == num_rounds):
-                state, state_arrays = self.state()
-                save_checkpoint(
-                    checkpoint_dir,
-                    Checkpoint(server_round, outcome.new_weights, state, self.config.to_raw(), state_arrays),
-                )
+            for observer in observers:
+                observer.round_completed(self, server_round, outcome, record)
         self.finish_audit(checkpoint_dir, num_rounds)
         return result
 

@@ -1,0 +1,61 @@
+"""What happens after a round, as observers of the round loop (strategies/base.py, ``start``).
+
+An observer gets each completed round's outcome and published record after the round's model was released and
+accounted (the release log and the ledger are part of the round itself: they must come before the model can leave
+the server). The strategy builds the two it needs from its constructor arguments — :class:`MetricsLog` for
+``metrics=``, :class:`Checkpointer` for ``checkpoint_dir=`` — and runs any others a user passes as ``observers=``,
+in that order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fl_app.checkpoint import Checkpoint, save_checkpoint
+from fl_app.metrics import CLIENT_COUNTS, MetricsWriter
+
+if TYPE_CHECKING:
+    from strategies.base import FederatedStrategy, RoundOutcome
+
+
+class RoundObserver(Protocol):
+    def round_completed(
+        self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
+    ) -> None:
+        """Called once per completed round, in round order, with the record ``metrics.jsonl`` gets."""
+
+
+class MetricsLog:
+    """``metrics.jsonl`` (the published record) and, when client statistics are not published, the operator's own
+    record of client counts (``operator_counts.jsonl``)."""
+
+    def __init__(self, writer: MetricsWriter) -> None:
+        self.writer = writer
+
+    def round_completed(
+        self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
+    ) -> None:
+        self.writer.write(record)
+        if strategy.client_statistics != "raw":
+            counts = {k: outcome.stats[k] for k in CLIENT_COUNTS if k in outcome.stats}
+            self.writer.write_operator({"round": server_round, **counts})
+
+
+class Checkpointer:
+    """``checkpoint.npz`` (atomic) after every ``every``-th round and after the last: the released model and what a
+    resumed run needs (:meth:`FederatedStrategy.state`)."""
+
+    def __init__(self, directory: Path, every: int, last_round: int) -> None:
+        self.directory, self.every, self.last_round = directory, every, last_round
+
+    def round_completed(
+        self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
+    ) -> None:
+        if server_round % self.every and server_round != self.last_round:
+            return
+        state, arrays = strategy.state()
+        save_checkpoint(
+            self.directory,
+            Checkpoint(server_round, outcome.new_weights, state, strategy.config.to_raw(), arrays),
+        )
