@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 import torch
@@ -32,21 +31,14 @@ from clients.recipes import privatize_update
 from clients.regularizers import blur_term
 from clients.training import LocalTrainingResult
 from clients.vectorized import StackedRegularizer, train_stacked, train_stacked_noisy
-from fl_app.instructions import TrainInstructions
+from fl_app.instructions import CohortEngine, TrainInstructions
 from fl_app.models import resolve_device, set_weights, weight_names
 from fl_app.privacy import mechanisms as mech
 
-Engine = Literal["sequential", "vectorized"]
+Engine = CohortEngine
 
 #: Per-client fates a cohort reply reports, besides "ok" (the keys of the reply's id lists).
 REJECTIONS = ("failed", "nonfinite", "shape")
-
-
-def resolve_engine(requested: str, device: torch.device) -> Engine:
-    """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, docs/performance.md)."""
-    if requested in ("sequential", "vectorized"):
-        return requested  # type: ignore[return-value]
-    return "vectorized" if device.type == "cuda" else "sequential"
 
 
 @dataclass
@@ -152,8 +144,8 @@ def train_cohort(
             out.rejected[kind].append(pid)
             continue
         if reclip:
-            sent, norm = mech.clip_update(sent, ins.clip_norm)
-            out.reclipped += int(norm > ins.clip_norm * (1 + 1e-5))
+            sent, was_reclipped = mech.reclip(sent, ins.clip_norm)
+            out.reclipped += int(was_reclipped)
         accepted.append((pid, sent))
         out.num_examples += result.num_examples
         stats["pre_clip_norm"].append(pre_clip_norm)

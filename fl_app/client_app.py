@@ -16,10 +16,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clients.cohort import resolve_engine, train_cohort
+from clients.cohort import train_cohort
 from clients.faults import inject_fault
 from clients.numpy_client import DPClient, LocalTrainingDivergedError
-from fl_app.instructions import TrainInstructions
+from fl_app.instructions import TrainInstructions, resolve_cohort_engine
 from fl_app.models import resolve_device
 from fl_app.threads import limit_library_threads
 
@@ -63,7 +63,7 @@ def _train_cohort(msg: Message, parameters: list[np.ndarray], shared_mask: list[
     ins = TrainInstructions.from_config(config)
     partition_ids = [int(pid) for pid in config["partition_ids"]]
     faults = [str(f) for f in config["faults"]]
-    engine = resolve_engine(ins.cohort_engine, resolve_device(ins.device))
+    engine = resolve_cohort_engine(ins.cohort_engine, resolve_device(ins.device).type == "cuda")
     result = train_cohort(parameters, ins, partition_ids, faults, engine, shared_mask)
     metrics: dict = {
         "cohort_ids": result.accepted,

@@ -99,6 +99,17 @@ class NoisyLocalConfig:
             raise ValueError(f"prox_coef (alpha) must be finite and >= 0, got {self.prox_coef}")
 
 
+#: How a worker trains a cohort message (``simulation.cohort_engine``, sent as ``cohort_engine``).
+CohortEngine = Literal["sequential", "vectorized"]
+
+
+def resolve_cohort_engine(requested: str, device_is_gpu: bool) -> CohortEngine:
+    """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, docs/performance.md)."""
+    if requested in ("sequential", "vectorized"):
+        return requested  # type: ignore[return-value]
+    return "vectorized" if device_is_gpu else "sequential"
+
+
 @dataclass(frozen=True)
 class DataSpec:
     """Which data a client trains on; also the cache key of its partition."""

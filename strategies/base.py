@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
@@ -67,9 +66,10 @@ from fl_app.instructions import (
     TrainInstructions,
     local_training_config,
     make_train_instructions,
+    resolve_cohort_engine,
 )
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter
-from fl_app.models import build_model_for_dataset
+from fl_app.models import build_model_for_dataset, resolve_device
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier
@@ -360,9 +360,8 @@ class FederatedStrategy(Strategy):
     def _check_cohort_engine(self) -> None:
         """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
         sim = self.config.simulation
-        gpu_possible = sim.device == "cuda" or (sim.device == "auto" and torch.cuda.is_available())
-        vectorized = sim.cohort_engine == "vectorized" or (sim.cohort_engine == "auto" and gpu_possible)
-        if sim.cohort_size == 1 or self.config.population != "virtual" or not vectorized:
+        engine = resolve_cohort_engine(sim.cohort_engine, resolve_device(sim.device).type == "cuda")
+        if sim.cohort_size == 1 or self.config.population != "virtual" or engine != "vectorized":
             return
         try:
             check_vectorizable(build_model_for_dataset(self.config.model.name, self.config.dataset.name, seed=0))
@@ -886,9 +885,8 @@ class FederatedStrategy(Strategy):
             return total, 0
         # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply. A cohort's worker
         # re-clipped each client to C, so a sum of k such updates is within k·C.
-        bound = clients * self.clip_norm
-        total, server_norm = mech.clip_update(total, bound)
-        return total, clients * int(server_norm > bound * (1 + 1e-5))
+        total, was_reclipped = mech.reclip(total, clients * self.clip_norm)
+        return total, clients * int(was_reclipped)
 
     def canary_updates(self, plan: RoundPlan) -> list[tuple[int, list[np.ndarray]]]:
         """This round's canaries (``audit``) after the path a real client's update takes: the recipe's client

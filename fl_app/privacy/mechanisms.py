@@ -108,6 +108,18 @@ def clip_factor(norm: float, clip_norm: float) -> float:
     return clip_norm / norm
 
 
+#: How far above its bound a received update may be and still count as clipped by its sender: a correct clip lands
+#: within float32 rounding of C (a relative 2⁻²⁴ ≈ 6e-8), so anything past 1e-5 is a sender that did not clip.
+RECLIP_TOLERANCE = 1e-5
+
+
+def reclip(update: Sequence[np.ndarray], bound: float) -> tuple[NDArrays, bool]:
+    """The receiver's clip (the server's, or a cohort worker's after a client's recipe): never trust the sender's
+    clip, clip to ``bound`` again; (clipped copy, whether the sender had not clipped it to ``bound``)."""
+    clipped, norm = clip_update(update, bound)
+    return clipped, norm > bound * (1 + RECLIP_TOLERANCE)
+
+
 def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArrays, float]:
     """Clip to global L2 norm ``clip_norm`` (journal Eq. 10); returns (clipped copy, pre-clip norm).
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fl_app.privacy.mechanisms import (
+    RECLIP_TOLERANCE,
     add_gaussian_noise,
     apply_mask,
     client_noise_topup_std,
@@ -27,6 +28,7 @@ from fl_app.privacy.mechanisms import (
     make_rng,
     poisson_sample,
     randk_mask,
+    reclip,
     secure_rng,
     topk_mask,
     uniform_average,
@@ -498,3 +500,15 @@ def test_apply_mask_zeroes_dropped_coordinates() -> None:
         apply_mask(update, mask[:1])
     with pytest.raises(ValueError):
         apply_mask(update, [mask[0].T, mask[1]])
+
+
+def test_reclip_bounds_any_update_and_flags_only_senders_that_did_not_clip():
+    rng = np.random.default_rng(3)
+    update = [rng.standard_normal((30, 20)).astype(np.float32), rng.standard_normal(20).astype(np.float32)]
+    clipped_by_sender, _ = clip_update(update, 0.5)  # within float32 rounding of C
+    again, flagged = reclip(clipped_by_sender, 0.5)
+    assert not flagged and global_l2_norm(again) <= 0.5
+    huge, flagged = reclip([2.0 * u for u in clipped_by_sender], 0.5)
+    assert flagged and global_l2_norm(huge) <= 0.5
+    _, flagged = reclip([(1 + 2 * RECLIP_TOLERANCE) * u for u in clipped_by_sender], 0.5)
+    assert flagged  # just past the tolerance is a sender that did not clip
