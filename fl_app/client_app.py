@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 from clients.cohort import train_cohort
 from clients.faults import inject_fault
 from clients.numpy_client import DPClient, LocalTrainingDivergedError
-from fl_app.instructions import TrainInstructions, resolve_cohort_engine
+from fl_app.instructions import CohortReply, TrainInstructions, resolve_cohort_engine
 from fl_app.models import resolve_device
 from fl_app.threads import limit_library_threads
 
@@ -65,18 +65,19 @@ def _train_cohort(msg: Message, parameters: list[np.ndarray], shared_mask: list[
     faults = [str(f) for f in config["faults"]]
     engine = resolve_cohort_engine(ins.cohort_engine, resolve_device(ins.device).type == "cuda")
     result = train_cohort(parameters, ins, partition_ids, faults, engine, shared_mask)
-    metrics: dict = {
-        "cohort_ids": result.accepted,
-        **result.metrics,
-        **{f"{kind}_ids": pids for kind, pids in result.rejected.items()},
-        "reclipped": result.reclipped,
-        "num_examples": result.num_examples,
-        "fit_started_unix": fit_started,
-    }
+    stamps = {"fit_started_unix": fit_started}
     if result.accepted:
-        metrics["train_started_unix"] = result.train_started_unix
-    content = RecordDict({"arrays": ArrayRecord(result.total), "metrics": MetricRecord(metrics)})
-    return Message(content, reply_to=msg)
+        stamps["train_started_unix"] = result.train_started_unix
+    reply = CohortReply(
+        total=result.total,
+        accepted=result.accepted,  # type: ignore[arg-type]
+        metrics=result.metrics,
+        rejected=result.rejected,  # type: ignore[arg-type]
+        reclipped=result.reclipped,
+        num_examples=result.num_examples,
+        timestamps=stamps,
+    )
+    return Message(reply.to_record(), reply_to=msg)
 
 
 @app.query()

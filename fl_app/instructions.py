@@ -9,10 +9,11 @@ configuration of their own beyond their node config.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
-from flwr.app import ConfigRecord
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fl_app.config import NOISY_SCHEDULES, AppConfig
 
@@ -199,6 +200,62 @@ class TrainInstructions:
             return cls(**top, **parts)
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed train instructions: {exc}") from exc
+
+
+#: Per-client statistics a cohort reply carries as lists aligned with its accepted partitions.
+COHORT_CLIENT_METRICS = ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps")
+#: Why a worker left a client out of its sum, as the server counts it.
+COHORT_REJECTIONS = ("failed", "nonfinite", "shape")
+#: Optional wall-clock stamps a reply may carry (startup profiling, bench/); the round keeps the earliest.
+CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
+
+
+@dataclass
+class CohortReply:
+    """The reply to a cohort message, the one place its wire format is written (the ClientApp) and read (the
+    server, which checks what it read: :meth:`strategies.base.FederatedStrategy.screen_cohort_reply`).
+
+    ``total`` is the float64 sum of the accepted clients' updates; ``accepted`` their partitions, with
+    ``metrics`` (:data:`COHORT_CLIENT_METRICS`) aligned to them; ``rejected`` the partitions left out, by kind
+    (:data:`COHORT_REJECTIONS`); ``reclipped`` how many the worker had to clip again. ``num_examples`` is Flower's
+    convention and is not read back.
+    """
+
+    total: list[np.ndarray]
+    accepted: list[float]
+    metrics: dict[str, list[float]]
+    rejected: dict[str, list[float]]
+    reclipped: float
+    num_examples: int = 0
+    timestamps: dict[str, float] = field(default_factory=dict)
+
+    def to_record(self) -> RecordDict:
+        metrics: dict[str, Any] = {
+            "cohort_ids": list(self.accepted),
+            **{k: list(v) for k, v in self.metrics.items()},
+            **{f"{kind}_ids": list(self.rejected.get(kind, [])) for kind in COHORT_REJECTIONS},
+            "reclipped": self.reclipped,
+            "num_examples": self.num_examples,
+            **self.timestamps,
+        }
+        return RecordDict({"arrays": ArrayRecord(self.total), "metrics": MetricRecord(metrics)})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> CohortReply:
+        """Read what a worker sent. Anything it can send wrong raises: undecodable arrays, metrics that are not a
+        MetricRecord (a ConfigRecord could smuggle bools, strings or bytes), a missing or non-numeric field."""
+        total = content["arrays"].to_numpy_ndarrays()
+        sent = content["metrics"]
+        if not isinstance(sent, MetricRecord):
+            raise TypeError("metrics must be a MetricRecord")
+        return cls(
+            total=total,
+            accepted=[float(v) for v in sent["cohort_ids"]],
+            metrics={k: [float(v) for v in sent[k]] for k in COHORT_CLIENT_METRICS},
+            rejected={kind: [float(v) for v in sent[f"{kind}_ids"]] for kind in COHORT_REJECTIONS},
+            reclipped=float(sent["reclipped"]),
+            timestamps={k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent},
+        )
 
 
 def local_training_config(config: AppConfig, optimizer: Literal["sgd", "sam"]) -> LocalTrainingConfig:

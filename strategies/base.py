@@ -56,10 +56,13 @@ from fl_app.checkpoint import Checkpoint, save_checkpoint
 from fl_app.config import AppConfig, ConfigError, compose_config, settings_overrides
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
+    CLIENT_TIMESTAMPS,
+    COHORT_CLIENT_METRICS,
     STREAM_ADAPTIVE_CLIP,
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
+    CohortReply,
     LocalTrainingConfig,
     NoisyLocalConfig,
     RecipeSpec,
@@ -81,8 +84,6 @@ from strategies.population import Population, balance_cohorts
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
 REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
-#: Optional wall-clock stamps a client may send (startup profiling, bench/); the round keeps the earliest.
-CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
 #: Round-record fields computed from individual clients' raw values (outside ε): published only with
 #: ``privacy.client_statistics=raw``.
 CLIENT_DERIVED = (
@@ -92,10 +93,6 @@ CLIENT_DERIVED = (
     *mech.CLIPPING_STATS_KEYS,
     *(f"first_{key}" for key in CLIENT_TIMESTAMPS),
 )
-#: Per-client statistics a cohort reply carries as lists aligned with its ``cohort_ids`` (clients/cohort.py).
-COHORT_CLIENT_METRICS = ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps")
-#: The cohort reply's lists of rejected partitions, by the rejection counter they feed.
-COHORT_REJECTIONS = {"failed_ids": "failed", "nonfinite_ids": "nonfinite", "shape_ids": "shape"}
 
 #: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
 #: ``test_loss`` and ``test_accuracy`` (and any other numbers) from it.
@@ -759,17 +756,11 @@ class FederatedStrategy(Strategy):
         if reply.has_error():
             return "failed", str(reply.error.reason or "")[:300]
         try:
-            total = reply.content["arrays"].to_numpy_ndarrays()
-            sent = reply.content["metrics"]
-            if not isinstance(sent, MetricRecord):  # a ConfigRecord could smuggle bools, strings or bytes
-                raise TypeError("metrics must be a MetricRecord")
-            accepted_ids = [float(v) for v in sent["cohort_ids"]]
-            stats = {k: [float(v) for v in sent[k]] for k in COHORT_CLIENT_METRICS}
-            rejected = {key: [float(v) for v in sent[key]] for key in COHORT_REJECTIONS}
-            worker_reclipped = float(sent["reclipped"])
-            stamps = {k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent}
+            parsed = CohortReply.from_record(reply.content)
         except Exception as exc:  # anything a client can send (undecodable arrays, wrong record types) is its fault
             return "malformed", f"cohort reply: missing or non-numeric field ({type(exc).__name__})"
+        total, accepted_ids, stats, rejected = parsed.total, parsed.accepted, parsed.metrics, parsed.rejected
+        worker_reclipped, stamps = parsed.reclipped, parsed.timestamps
         claimed = accepted_ids + [pid for ids_ in rejected.values() for pid in ids_]
         aligned = all(len(v) == len(accepted_ids) for v in stats.values())
         if sorted(claimed) != sorted(float(pid) for pid in ids) or not aligned:
@@ -785,7 +776,7 @@ class FederatedStrategy(Strategy):
             (int(pid), {**{k: stats[k][i] for k in COHORT_CLIENT_METRICS}, "partition_id": pid, **stamps})
             for i, pid in enumerate(accepted_ids)
         ]
-        rejections = {COHORT_REJECTIONS[key]: [int(v) for v in value] for key, value in rejected.items()}
+        rejections = {kind: [int(v) for v in value] for kind, value in rejected.items()}
         return "ok", Contribution(total=total, clients=clients, rejections=rejections, reclipped=int(worker_reclipped))
 
     def _log_rejection(self, server_round: int, kind: str, reason: str) -> None:

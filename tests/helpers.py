@@ -13,6 +13,7 @@ from flwr.superlink.grid import InMemoryGrid
 from hydra.utils import get_class
 
 from fl_app.config import compose_config
+from fl_app.instructions import CohortReply
 from fl_app.metrics import read_metrics
 from fl_app.privacy.mechanisms import global_l2_norm
 from strategies.base import FederatedStrategy, RoundPlan
@@ -118,21 +119,19 @@ def reply(
 
 
 def cohort_reply(to: Message, partition_ids: list[int], total: list[np.ndarray]) -> Message:
-    """A cohort reply (clients/cohort.py's format) in which every client was accepted with a zero norm."""
+    """A cohort reply (the wire format of :class:`fl_app.instructions.CohortReply`) in which every client was
+    accepted with a zero norm."""
     k = len(partition_ids)
-    metrics = {
-        "cohort_ids": partition_ids,
-        "pre_clip_norm": [0.0] * k,
-        "train_loss": [0.1] * k,
-        "train_accuracy": [0.5] * k,
-        "num_steps": [1.0] * k,
-        "failed_ids": [],
-        "nonfinite_ids": [],
-        "shape_ids": [],
-        "reclipped": 0,
-        "num_examples": 10 * k,
-    }
-    return Message(RecordDict({"arrays": ArrayRecord(total), "metrics": MetricRecord(metrics)}), reply_to=to)
+    reply = CohortReply(
+        total=total,
+        accepted=[float(p) for p in partition_ids],
+        metrics={"pre_clip_norm": [0.0] * k, "train_loss": [0.1] * k, "train_accuracy": [0.5] * k,
+                 "num_steps": [1.0] * k},
+        rejected={"failed": [], "nonfinite": [], "shape": []},
+        reclipped=0,
+        num_examples=10 * k,
+    )  # fmt: skip
+    return Message(reply.to_record(), reply_to=to)
 
 
 def error_reply(partition_id: int) -> Message:

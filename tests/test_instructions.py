@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
 from fl_app.config import compose_config
-from fl_app.instructions import RecipeSpec, TrainInstructions, local_training_config, make_train_instructions
+from fl_app.instructions import (
+    COHORT_CLIENT_METRICS,
+    CohortReply,
+    RecipeSpec,
+    TrainInstructions,
+    local_training_config,
+    make_train_instructions,
+)
 
 
 def _instructions() -> TrainInstructions:
@@ -63,3 +71,28 @@ def test_missing_key_is_a_clear_error() -> None:
     del record["data.dataset"]
     with pytest.raises(ValueError, match="dataset"):
         TrainInstructions.from_config(record)
+
+
+def test_a_cohort_reply_reads_back_what_was_written_and_refuses_other_record_types():
+    written = CohortReply(
+        total=[np.ones((2, 3)), np.zeros(3)],
+        accepted=[4.0, 9.0],
+        metrics={k: [0.5, 1.5] for k in COHORT_CLIENT_METRICS},
+        rejected={"failed": [1.0], "nonfinite": [], "shape": [7.0]},
+        reclipped=1,
+        num_examples=40,
+        timestamps={"fit_started_unix": 12.5},
+    )
+    read = CohortReply.from_record(written.to_record())
+    assert (read.accepted, read.metrics, read.rejected, read.reclipped) == (
+        written.accepted,
+        written.metrics,
+        written.rejected,
+        1.0,
+    )
+    assert read.timestamps == {"fit_started_unix": 12.5}
+    assert all(np.array_equal(a, b) for a, b in zip(read.total, written.total, strict=True))
+    smuggled = written.to_record()
+    smuggled["metrics"] = ConfigRecord({"cohort_ids": [True], "reclipped": "0"})
+    with pytest.raises(TypeError, match="MetricRecord"):
+        CohortReply.from_record(smuggled)

@@ -30,10 +30,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fl_app.instructions import CLIENT_TIMESTAMPS, COHORT_CLIENT_METRICS
 from fl_app.privacy import mechanisms as mech
 from strategies.base import (
-    CLIENT_TIMESTAMPS,
-    COHORT_CLIENT_METRICS,
     REQUIRED_CLIENT_METRICS,
     FederatedStrategy,
     RoundOutcome,
