@@ -79,6 +79,7 @@ from fl_app.privacy.accounting import calibrate_noise_multiplier
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
 from fl_app.server_optimizers import ServerOptimizer
+from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.population import Population, balance_cohorts
 
@@ -271,21 +272,20 @@ class FederatedStrategy(Strategy):
                     config.num_rounds,
                     privacy.accountant,
                 )
-        #: C_t, the clip norm of the coming round: privacy.clip_norm, or adaptive clipping's current value.
-        self.clip_norm = privacy.clip_norm
-        self.adaptive_clipping = self.private and privacy.clipping == "adaptive"
-        self.clipped_count_stddev = privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(
-            self.expected_clients
-        )
-        if self.adaptive_clipping:
+        #: The clip norm of the coming round, C_t (strategies/clipping.py): fixed, or adaptive clipping's, which
+        #: releases a noisy clipped count every round and so takes its share of the joint noise multiplier.
+        self.clipping: ClipNorm = FixedClipNorm(privacy.clip_norm)
+        if self.private and privacy.clipping == "adaptive":
+            count_stddev = privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(self.expected_clients)
+            self.clipping = AdaptiveClipNorm(
+                privacy.clip_norm, privacy.target_quantile, privacy.clip_learning_rate, count_stddev
+            )
             # The configured (or calibrated) multiplier is the joint one of update + count (Andrew et al. Thm. 1).
             try:
-                self.noise_multiplier = adaptive.update_noise_multiplier(
-                    self.noise_multiplier, self.clipped_count_stddev
-                )
+                self.noise_multiplier = self.clipping.update_noise_multiplier(self.noise_multiplier)
             except ValueError as exc:
                 raise ConfigError(
-                    f"invalid config value privacy.clipped_count_stddev={self.clipped_count_stddev:.4g}: {exc}; "
+                    f"invalid config value privacy.clipped_count_stddev={count_stddev:.4g}: {exc}; "
                     "raise it (2 * clipped_count_stddev must exceed the noise multiplier)"
                 ) from exc
             joint = self.accounted_noise_multiplier
@@ -297,7 +297,7 @@ class FederatedStrategy(Strategy):
                     self.noise_multiplier,
                     joint,
                     100 * (self.noise_multiplier / joint - 1),
-                    self.clipped_count_stddev,
+                    count_stddev,
                 )
         opt = config.server_optimizer
         #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
@@ -427,21 +427,28 @@ class FederatedStrategy(Strategy):
         """Why the accountant's ε does not cover this configuration (None = it does)."""
         return None
 
+    @property
+    def clip_norm(self) -> float:
+        """C_t, the clip norm of the coming round."""
+        return self.clipping.clip_norm
+
+    @property
+    def adaptive_clipping(self) -> bool:
+        return self.clipping.adaptive
+
+    @property
+    def clipped_count_stddev(self) -> float:
+        """σ_b of adaptive clipping's count: ``privacy.clipped_count_stddev``, or m/20."""
+        if isinstance(self.clipping, AdaptiveClipNorm):
+            return self.clipping.count_stddev
+        return self.config.privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(self.expected_clients)
+
     def clipping_claim(self) -> dict[str, Any]:
         """How C was chosen (``run.json``): fixed, or adaptive with its parameters and the latest C."""
-        p = self.config.privacy
-        if not self.adaptive_clipping:
-            return {"mode": "fixed", "clip_norm": p.clip_norm}
-        return {
-            "mode": "adaptive (Andrew et al. 2021): the clipped fraction is released with noise clipped_count_stddev "
-            "on the centred count and accounted jointly with the update",
-            "initial_clip_norm": p.clip_norm,
-            "target_quantile": p.target_quantile,
-            "clip_learning_rate": p.clip_learning_rate,
-            "clipped_count_stddev": self.clipped_count_stddev,
-            "update_noise_multiplier": self.noise_multiplier,
-            "next_clip_norm": self.clip_norm,
-        }
+        claim = self.clipping.claim()
+        if self.adaptive_clipping:
+            claim["update_noise_multiplier"] = self.noise_multiplier
+        return claim
 
     def client_statistics_claim(self) -> str:
         """What the published files say about clients, and whether ε covers it (``run.json``)."""
@@ -450,8 +457,8 @@ class FederatedStrategy(Strategy):
             return ("raw: per-client pre-clip norms, their statistics, mean local train loss/accuracy and the "
                     "counts of sampled, answering and rejected clients are published unprotected; epsilon does not "
                     "cover them")  # fmt: skip
-        if mode == "noisy" and self.adaptive_clipping:
-            sigma_b = self.clipped_count_stddev
+        if mode == "noisy" and isinstance(self.clipping, AdaptiveClipNorm):
+            sigma_b = self.clipping.count_stddev
             return (f"noisy: only the clipped fraction released by adaptive clipping (sigma_b = {sigma_b:.4g} on "
                     "the centred count), accounted jointly with the update; no count of clients")  # fmt: skip
         if mode == "noisy":
@@ -491,7 +498,7 @@ class FederatedStrategy(Strategy):
         if self.noise_multiplier == 0:
             return self.noise_multiplier
         if self.adaptive_clipping:
-            return adaptive.joint_noise_multiplier(self.noise_multiplier, self.clipped_count_stddev)
+            return self.clipping.joint_noise_multiplier(self.noise_multiplier)
         if self.config.privacy.client_statistics != "noisy":
             return self.noise_multiplier
         return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics_noise_multiplier)
@@ -849,22 +856,10 @@ class FederatedStrategy(Strategy):
         if self.private:
             stats["clip_norm"] = self.clip_norm
         if self.adaptive_clipping:
-            stats.update(self.adapt_clip_norm(server_round, norms))
+            # The aggregated clients' bits only: canaries and rejected clients have no part in m.
+            rng = self.round_rng(server_round, STREAM_ADAPTIVE_CLIP)
+            stats.update(self.clipping.after_round(norms, self.expected_clients, rng))
         return RoundOutcome(new_weights=new_weights, stats=stats)
-
-    def adapt_clip_norm(self, server_round: int, norms: list[float]) -> dict[str, float]:
-        """Adaptive clipping after the round's aggregate: release the noisy clipped fraction of the aggregated
-        clients (bits computed here from their reported norms, so a client can only flip its own bit) and move C.
-        Canaries and rejected clients have no bit, as they have no part in the count of clients m."""
-        p = self.config.privacy
-        fraction = adaptive.noisy_clipped_fraction(
-            adaptive.clipped_bits(norms, self.clip_norm),
-            self.expected_clients,
-            self.clipped_count_stddev,
-            self.round_rng(server_round, STREAM_ADAPTIVE_CLIP),
-        )
-        self.clip_norm = adaptive.next_clip_norm(self.clip_norm, fraction, p.target_quantile, p.clip_learning_rate)
-        return {"fraction_clipped_noisy": fraction, "clip_norm_next": self.clip_norm}
 
     def admit(self, plan: RoundPlan, total: list[np.ndarray], clients: int = 1) -> tuple[list[np.ndarray], int]:
         """Step 5 for a screened sum of ``clients`` updates: the round's mask, the server's clip to clients·C;
@@ -1153,7 +1148,7 @@ class FederatedStrategy(Strategy):
         canaries' scored statistics."""
         ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
-        state = {**ledger, **optimizer_state, "releases_logged": self._releases_logged, "clip_norm": self.clip_norm}
+        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self._releases_logged}
         arrays = {"previous_global": list(self.last_round_global), **optimizer_arrays}
         if self.canaries is not None:
             audit_state, audit_arrays = self.canaries.state()
@@ -1166,7 +1161,7 @@ class FederatedStrategy(Strategy):
             self.ledger.load_state_dict(state)
         self.server_optimizer.load_state(state, arrays)
         # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
-        self.clip_norm = float(state.get("clip_norm", self.config.privacy.clip_norm))
+        self.clipping.load_state(state)
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self.last_round_global = list(arrays.get("previous_global", []))
 
