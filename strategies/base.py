@@ -81,6 +81,7 @@ from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_dig
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
+from strategies.placement import Placement, placement
 from strategies.population import Population, balance_cohorts
 
 #: Metrics every client reply must carry (clients/numpy_client.py writes them).
@@ -299,6 +300,8 @@ class FederatedStrategy(Strategy):
                     100 * (self.noise_multiplier / joint - 1),
                     count_stddev,
                 )
+        #: Where the round's noise is added (strategies/placement.py).
+        self.placement: Placement = placement(privacy.placement)
         opt = config.server_optimizer
         #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
         self.server_optimizer = ServerOptimizer(
@@ -645,14 +648,13 @@ class FederatedStrategy(Strategy):
 
     def train_instructions(self, server_round: int) -> TrainInstructions:
         """What every client of the round is told: the recipe, the local procedure, C_t, σ, m, the noise placement."""
-        p = self.config.privacy
         return make_train_instructions(
             self.config,
             server_round,
             recipe=self.client_recipe(),
             training=self.local_training(),
             clip_norm=self.client_clip_norm,
-            add_noise=self.private and p.placement == "client",
+            add_noise=self.private and self.placement.clients_add_noise,
             noise_multiplier=self.noise_multiplier if self.private else 0.0,
             expected_clients=self.expected_clients,
             secure_noise=self.secure_noise,
@@ -898,7 +900,7 @@ class FederatedStrategy(Strategy):
 
     @property
     def server_clips(self) -> bool:
-        return self.private and self.config.privacy.placement == "server"
+        return self.private and self.placement.server_clips
 
     def combine(self, plan: RoundPlan, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
         """Steps 6: uniform sum over the fixed denominator m, the server's noise, post-processing.
@@ -908,12 +910,8 @@ class FederatedStrategy(Strategy):
         """
         if not self.private:
             return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
-        p = self.config.privacy
         average = mech.uniform_average(updates, self.expected_clients, plan.shapes)
-        if p.placement == "server":
-            std = mech.gaussian_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, "server")
-        else:
-            std = mech.client_noise_topup_std(self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients)
+        std = self.placement.server_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients)
         average = mech.add_gaussian_noise(average, std, self._noise_rng(plan.server_round))
         support = self.noise_support(plan, updates)
         if support is not None:

@@ -26,7 +26,7 @@ class DPFedSAMTopK(DPFedSAM):
 
     @property
     def _server_masks(self) -> bool:
-        return self.config.privacy.placement == "server" and self.config.strategy.mask_source == "noisy"
+        return self.placement.name == "server" and self.config.strategy.mask_source == "noisy"
 
     def client_recipe(self) -> RecipeSpec:
         if self._server_masks:
@@ -42,7 +42,7 @@ class DPFedSAMTopK(DPFedSAM):
     def not_covered_reason(self) -> str | None:
         if self.config.strategy.mask_source == "clean":
             return "top-k support computed from the clean update (mask_source=clean) is released unprotected"
-        if self.config.privacy.placement == "client":
+        if self.placement.name == "client":
             return (
                 "each client's top-k mask is computed from its own noisy update (noise sigma*C/sqrt(m)), "
                 "not from the noised aggregate the accountant analyses"
