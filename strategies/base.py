@@ -52,7 +52,7 @@ from flwr.superlink.grid import InMemoryGrid
 from clients.recipes import privatize_update
 from clients.vectorized import check_vectorizable
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
-from fl_app.checkpoint import Checkpoint, save_checkpoint
+from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig, ConfigError, compose_config, settings_overrides
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
@@ -123,12 +123,11 @@ class RoundPlan:
     mask: list[np.ndarray] | None = None
     #: True when each message carries a cohort of clients and is answered with their sum.
     cohort_mode: bool = False
-    #: Partitions whose answer is still expected; binding a reply removes its partitions.
-    awaiting: set[int] = field(default_factory=set)
+    #: Partitions whose answer is still expected (those the messages carry); binding a reply removes its partitions.
+    awaiting: set[int] = field(init=False)
 
     def __post_init__(self) -> None:
-        if not self.awaiting:
-            self.awaiting = {pid for _, ids in self.sent for pid in ids}
+        self.awaiting = {pid for _, ids in self.sent for pid in ids}
 
     @property
     def shapes(self) -> list[tuple[int, ...]]:
@@ -643,7 +642,6 @@ class FederatedStrategy(Strategy):
             sent=sent,
             mask=mask,
             cohort_mode=cohorts is not None,
-            awaiting=set(sampled),
         )
 
     def train_instructions(self, server_round: int) -> TrainInstructions:
@@ -951,8 +949,10 @@ class FederatedStrategy(Strategy):
         observers: list[RoundObserver] = []
         if self.metrics is not None:
             observers.append(MetricsLog(self.metrics))
+        checkpointer = None
         if checkpoint_dir is not None and self.config.checkpoint_every:
-            observers.append(Checkpointer(checkpoint_dir, self.config.checkpoint_every, num_rounds))
+            checkpointer = Checkpointer(checkpoint_dir, self.config.checkpoint_every, num_rounds)
+            observers.append(checkpointer)
         observers += self.observers
         if not self.settings_resolved:
             self.resolve_settings(is_simulation(grid))
@@ -996,13 +996,8 @@ class FederatedStrategy(Strategy):
             result.arrays = arrays
             first_round = resume_from.round + 1
             log(INFO, "Resuming after round %d (epsilon so far %.4g)", resume_from.round, self.epsilon())
-        elif checkpoint_dir is not None and self.config.checkpoint_every:
-            # A round-0 checkpoint, so a run killed during its first round can be resumed too.
-            state, state_arrays = self.state()
-            save_checkpoint(
-                checkpoint_dir,
-                Checkpoint(0, initial_arrays.to_numpy_ndarrays(), state, self.config.to_raw(), state_arrays),
-            )
+        elif checkpointer is not None:
+            checkpointer.save(self, 0, initial_arrays.to_numpy_ndarrays())
         if self.client_statistics != "raw":
             log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
                 "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip

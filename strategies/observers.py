@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
+
 from fl_app.checkpoint import Checkpoint, save_checkpoint
 from fl_app.metrics import CLIENT_COUNTS, MetricsWriter
 
@@ -52,10 +54,10 @@ class Checkpointer:
     def round_completed(
         self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
     ) -> None:
-        if server_round % self.every and server_round != self.last_round:
-            return
+        if server_round % self.every == 0 or server_round == self.last_round:
+            self.save(strategy, server_round, outcome.new_weights)
+
+    def save(self, strategy: FederatedStrategy, server_round: int, weights: list[np.ndarray]) -> None:
+        """The checkpoint after ``server_round`` (0: the initial model, so a run killed in round 1 can resume)."""
         state, arrays = strategy.state()
-        save_checkpoint(
-            self.directory,
-            Checkpoint(server_round, outcome.new_weights, state, strategy.config.to_raw(), arrays),
-        )
+        save_checkpoint(self.directory, Checkpoint(server_round, weights, state, strategy.config.to_raw(), arrays))
