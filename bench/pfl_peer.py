@@ -101,7 +101,7 @@ def write_replay(config: AppConfig, num_rounds: int, out: Path) -> dict[str, Any
             uid = f"r{t}c{pid}"
             arrays[f"rows_{uid}"] = np.array([rows_used[int(r)] for r in indices.tolist()], dtype=np.int64)
             arrays[f"perms_{uid}"] = perms.astype(np.int64).reshape(c.local_epochs, n)
-            users.append({"uid": uid, "round": t, "partition": pid, "steps": local_steps(n, config)})
+            users.append({"uid": uid, "round": t, "partition": pid, "samples": n, "steps": local_steps(n, config)})
     order = torch.tensor(sorted(rows_used, key=rows_used.__getitem__), dtype=torch.long)
     arrays["x"] = train.x[order].numpy()
     arrays["y"] = train.y[order].to(torch.int64).numpy()
@@ -151,7 +151,8 @@ def pfl_env(threads: int, device: str) -> dict[str, str]:
     env.update(THREAD_ENV)
     env["PEER_TORCH_THREADS"] = str(threads)
     env["PFL_PYTORCH_DEVICE"] = device
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
+    # PFL_SITE: a folder with pfl and its pure-Python needs, for a machine where pfl is carried as wheels.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PFL_SITE", ""), str(ROOT), env.get("PYTHONPATH", "")]))
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

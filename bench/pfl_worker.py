@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import os
 import sys
@@ -116,6 +117,7 @@ def main() -> int:
     replay_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     torch.set_num_threads(int(os.environ.get("PEER_TORCH_THREADS", "1")))
 
+    from pfl.aggregate.simulate import SimulatedBackend
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
     from pfl.callback.base import TrainingProcessCallback
     from pfl.data.dataset import Dataset
@@ -125,7 +127,6 @@ def main() -> int:
     from pfl.metrics import Metrics
     from pfl.model.pytorch import PyTorchModel
     from pfl.privacy import CentrallyAppliedPrivacyMechanism, GaussianMechanism
-    from pfl.aggregate.simulate import SimulatedBackend
 
     from fl_app.models import build_model
 
@@ -148,7 +149,7 @@ def main() -> int:
         def __len__(self) -> int:
             return int(self._rows.numel())
 
-        def iter(self, batch_size: int | None):  # noqa: A003 - pfl's name
+        def iter(self, batch_size: int | None):
             order = self._rows[self._perms[self._epoch]]
             self._epoch += 1
             step = batch_size or len(self)
@@ -221,7 +222,9 @@ def main() -> int:
 
     postprocessors = []
     if c["private"]:
-        postprocessors.append(CentrallyAppliedPrivacyMechanism(GaussianMechanism(c["clip_norm"], c["noise_multiplier"])))
+        postprocessors.append(
+            CentrallyAppliedPrivacyMechanism(GaussianMechanism(c["clip_norm"], c["noise_multiplier"]))
+        )
     backend = SimulatedBackend(training_data=federated, val_data=None, postprocessors=postprocessors)
     num_rounds = int(c["num_rounds"])
     algorithm_params = NNAlgorithmParams(
@@ -248,7 +251,7 @@ def main() -> int:
         weights_file = out.with_suffix(".npz")
         np.savez(weights_file, *[p.detach().cpu().numpy() for p in net.parameters()])
         summary = {
-            "round_seconds": [b - a for a, b in zip(round_ends, round_ends[1:])],
+            "round_seconds": [b - a for a, b in itertools.pairwise(round_ends)],
             "first_step_unix": float(first[0]),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "torch_threads": torch.get_num_threads(),

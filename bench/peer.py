@@ -1,0 +1,282 @@
+"""The app against its peer and against the machine's compute limit, side by side in one invocation (issue 22).
+
+* **Compute limit** (:func:`compute_limit`): the run's own local step (SGD, or SAM's two passes) on a fixed
+  batch of the run's size, on one thread in a fresh process, timed over many steps; a round's limit is its
+  samples × local epochs × (seconds per sample on one thread) / cores — every core busy with nothing but that
+  step, perfectly balanced, no framework, no data movement. On a GPU: the whole round on one device is bounded
+  below by the batched loop (bench/batched.py), which trains every client of the round at once.
+* **The peer** (bench/pfl_peer.py): pfl-research replaying the app's run — the same clients, mini-batches,
+  initial weights, step, C and σ — under ``torchrun`` with P processes of one thread (CPU) or one process on the
+  GPU (pfl runs one worker per GPU, each worker's clients one after another).
+* **The app** through its Hydra entry point, every process pinned to one BLAS/OpenMP thread.
+
+Each contender is a fresh command; its peak resident memory is summed over every process it starts (the app's
+Ray daemons and workers, pfl's torchrun agent, workers and sampler process), and its startup is the time from
+the command's start to its first local step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.pfl_peer import pfl_command, pfl_env, write_replay
+from bench.processes import ROOT, PeakRSSMonitor, kill_processes_mentioning, run_env
+from fl_app.config import compose_config
+from fl_app.metrics import read_metrics
+
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+_LIMIT_CODE = r"""
+import json, sys, time
+import torch, torch.nn.functional as F
+from fl_app.config import compose_config
+from fl_app.models import build_model_for_dataset
+from fl_app.threads import limit_library_threads
+torch.set_num_threads(1); limit_library_threads(1)
+overrides, steps, device = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+cfg = compose_config(overrides)
+c = cfg.client
+model = build_model_for_dataset(cfg.model.name, cfg.dataset.name, seed=cfg.seed).to(device)
+from fl_app.data.datasets import DATASETS
+info = DATASETS[cfg.dataset.name]
+x = torch.randn(c.batch_size, info.in_channels, info.image_size, info.image_size, device=device)
+y = torch.randint(0, info.num_classes, (c.batch_size,), device=device)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay)
+sam = cfg.strategy.name in ("dp_fedsam", "fedsam", "dp_fedsam_topk")
+def step():
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    if sam:  # the second pass of SAM; the ascent's elementwise work is part of the app's cost, not the limit's
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x), y).backward()
+    opt.step()
+for _ in range(10):
+    step()
+best = float("inf")
+for _ in range(3):
+    if device != "cpu": torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    if device != "cpu": torch.cuda.synchronize()
+    best = min(best, (time.perf_counter() - t) / steps)
+print(json.dumps({"step_s": best, "batch_size": c.batch_size, "sam": sam}))
+"""
+
+
+def compute_limit(overrides: list[str], cores: int, steps: int = 60) -> dict[str, Any]:
+    """Seconds per sample of the run's bare local step on one thread (best of 3 × ``steps`` steps after 10 warm-up
+    steps), and the machine's rate with ``cores`` such threads."""
+    env = {**os.environ, **THREAD_ENV}
+    proc = subprocess.run(
+        [sys.executable, "-c", _LIMIT_CODE, json.dumps(overrides), str(steps), "cpu"],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    step = json.loads(proc.stdout.strip().splitlines()[-1])
+    per_sample = step["step_s"] / step["batch_size"]
+    return {
+        **step,
+        "cores": cores,
+        "seconds_per_sample_one_thread": per_sample,
+        "samples_per_s_one_thread": 1 / per_sample,
+        "samples_per_s_machine": cores / per_sample,
+    }
+
+
+def round_samples(replay_spec: dict[str, Any], epochs: int) -> list[int]:
+    """Per round, the samples its clients train on (Σ n_i × E), from a replay's schedule."""
+    rows: dict[int, int] = {}
+    for user in replay_spec["users"]:
+        rows[user["round"]] = rows.get(user["round"], 0) + user["samples"] * epochs
+    return [rows.get(t, 0) for t in range(1, max(rows) + 1)]
+
+
+def _steady(values: list[float], num_rounds: int) -> list[float]:
+    return values[2 : num_rounds - 1]
+
+
+def _run_monitored(cmd: list[str], env: dict[str, str], log: Path, marker: str, timeout: float) -> tuple[float, int]:
+    """Run ``cmd``; returns (command start Unix time, peak RSS summed over every process it started, bytes)."""
+    start = time.time()
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with PeakRSSMonitor(proc.pid, marker=marker) as monitor:
+                proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            kill_processes_mentioning(marker)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}); see {log}")
+    return start, monitor.peak
+
+
+def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) -> dict[str, Any]:
+    """The app through ``python -m fl_app.main``: s/round (interval between consecutive rounds' records), startup
+    (command → first local step), peak RSS of all its processes."""
+    out = tmp / f"app_{label}"
+    env = {**run_env(tmp / f"env_{label}"), **THREAD_ENV}
+    cmd = [
+        sys.executable, "-m", "fl_app.main", *overrides, f"num_rounds={num_rounds}",
+        f"output_dir={out}", f"hydra.run.dir={out}/hydra",
+    ]  # fmt: skip
+    start, peak = _run_monitored(cmd, env, tmp / f"{label}.log", env["RAY_TMPDIR"], 3600)
+    records = read_metrics(out / "metrics.jsonl")
+    stamps = {r["round"]: r["finished_unix"] for r in records}
+    rounds = [stamps[t] - stamps[t - 1] for t in range(2, num_rounds + 1)]
+    steady = _steady([stamps[1] - start, *rounds], num_rounds)
+    return {
+        "round_s": statistics.median(steady),
+        "round_s_each": steady,
+        "startup_s": records[0]["first_train_started_unix"] - start,
+        "peak_rss_mib": peak / 2**20,
+        "model_file": str(out / "final_model.npz"),
+    }
+
+
+def pfl_contender(
+    overrides: list[str], num_rounds: int, tmp: Path, label: str, python: str, procs: int, device: str
+) -> dict[str, Any]:
+    """pfl replaying the same run: s/round (rank 0's interval between consecutive rounds' ends), startup (the
+    ``torchrun`` command → first local step on any worker), peak RSS of all its processes. The replay is written
+    before the command starts (it is the app's schedule, not part of pfl's run)."""
+    replay = tmp / f"replay_{label}"
+    spec = write_replay(compose_config([*overrides, f"num_rounds={num_rounds}"]), num_rounds, replay)
+    result = tmp / f"pfl_{label}.json"
+    env = {**pfl_env(1, device), "PEER_RUN_MARKER": str(replay)}
+    start, peak = _run_monitored(
+        pfl_command(python, procs, replay, result), env, tmp / f"pfl_{label}.log", str(replay), 3600
+    )
+    summary = json.loads(result.read_text())
+    steady = _steady(summary["round_seconds"], num_rounds)
+    return {
+        "round_s": statistics.median(steady),
+        "round_s_each": steady,
+        "startup_s": summary["first_step_unix"] - start,
+        "peak_rss_mib": peak / 2**20,
+        "procs": procs,
+        "device": summary["device"],
+        "model_file": summary["weights_file"],
+        "round_samples": round_samples(spec, int(spec["config"]["local_epochs"])),
+    }
+
+
+def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str = "round_s") -> float | None:
+    if not a or not b or a.get(key) is None or not b.get(key):
+        return None
+    return float(a[key] / b[key])
+
+
+def _attempt(label: str, errors: dict[str, str], fn: Any, *args: Any) -> dict[str, Any] | None:
+    try:
+        return dict(fn(*args))
+    except Exception as exc:  # recorded in the results and the table, not hidden
+        head, _, rest = str(exc).partition("\n")
+        errors[label] = f"{type(exc).__name__}: {head[:500]}" + (f"\n{rest[-1500:]}" if rest else "")
+        print(f"[bench] {label} failed: {errors[label].splitlines()[0]}", file=sys.stderr)
+        return None
+
+
+def gpu_peer(overrides: list[str], num_rounds: int, tmp: Path, python: str) -> dict[str, Any]:
+    """The papers' scale on one GPU, fixed-size cohorts: the app in cohort mode (vectorized engine, the whole GPU)
+    against pfl (one worker on the GPU, clients one after another) and the batched loop (bench/batched.py)."""
+    import torch
+
+    from bench.run import _loop_cmd, _loop_summary, _run_loop, with_overrides
+
+    errors: dict[str, str] = {}
+    part = tmp / "gpu_peer"
+    part.mkdir(parents=True, exist_ok=True)
+    app_overrides = with_overrides(
+        overrides, "simulation.device=cuda", "simulation.cohort_size=auto", "simulation.client_gpus=1"
+    )
+    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "overrides": overrides, "rounds": num_rounds}
+    result["app_cohort"] = _attempt("app_cohort", errors, app_contender, app_overrides, num_rounds, part, "app")
+    result["pfl"] = _attempt("pfl", errors, pfl_contender, overrides, num_rounds, part, "pfl", python, 1, "cuda")
+    batched = _attempt(
+        "batched_loop", errors, _run_loop,
+        _loop_cmd("bench.batched", with_overrides(overrides, f"num_rounds={num_rounds}"), part / "batched.json",
+                  "--device", "cuda"),
+        {**os.environ, **THREAD_ENV}, part / "batched.log",
+    )  # fmt: skip
+    result["batched_loop"] = _loop_summary(batched, num_rounds) if batched else None
+    result["ratio_app_over_pfl"] = _ratio(result["app_cohort"], result["pfl"])
+    result["ratio_app_over_batched"] = _ratio(result["app_cohort"], result["batched_loop"])
+    result["ratio_pfl_over_batched"] = _ratio(result["pfl"], result["batched_loop"])
+    if errors:
+        result["errors"] = errors
+    return result
+
+
+def cpu_peer(
+    overrides: list[str], num_rounds: int, tmp: Path, python: str, strategies: tuple[str, ...], procs: int
+) -> dict[str, Any]:
+    """The P2 configuration on this machine's cores, per strategy: the app (its CPU default), pfl with ``procs``
+    one-thread workers, and the compute limit; every s/round also as a ratio to the limit."""
+    from bench.run import with_overrides
+
+    errors: dict[str, str] = {}
+    result: dict[str, Any] = {"overrides": overrides, "rounds": num_rounds, "cores": procs}
+    for name in strategies:
+        run = with_overrides(overrides, f"strategy={name}")
+        part = tmp / f"peer_{name}"
+        part.mkdir(parents=True, exist_ok=True)
+        entry: dict[str, Any] = {}
+        entry["pfl"] = _attempt(
+            f"{name}/pfl", errors, pfl_contender, run, num_rounds, part, "pfl", python, procs, "cpu"
+        )
+        entry["app"] = _attempt(f"{name}/app", errors, app_contender, run, num_rounds, part, "app")
+        limit = _attempt(f"{name}/limit", errors, compute_limit, run, procs)
+        entry["limit"] = limit
+        if limit and entry["pfl"]:
+            samples = _steady(entry["pfl"]["round_samples"], num_rounds)
+            per_round = [n / limit["samples_per_s_machine"] for n in samples]
+            limit["round_s"] = statistics.median(per_round)
+        entry["ratio_app_over_pfl"] = _ratio(entry["app"], entry["pfl"])
+        entry["ratio_app_over_limit"] = _ratio(entry["app"], limit)
+        entry["ratio_pfl_over_limit"] = _ratio(entry["pfl"], limit)
+        result[name] = entry
+    if errors:
+        result["errors"] = errors
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.peer --case cpu|gpu [--rounds T] [--pfl-python PY] [--set KEY=VALUE] --out result.json``."""
+    import argparse
+
+    from bench.pfl_peer import ensure_pfl_python
+    from bench.run import GPU_OVERRIDES, P2_OVERRIDES, with_overrides
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--case", choices=("cpu", "gpu"), default="cpu")
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="pfl's CPU workers (= cores)")
+    parser.add_argument("--pfl-python", default=None)
+    parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    python = args.pfl_python or str(ensure_pfl_python())
+    tmp = args.out.parent / (args.out.stem + "_runs")
+    tmp.mkdir(parents=True, exist_ok=True)
+    if args.case == "gpu":
+        overrides = with_overrides(GPU_OVERRIDES, "privacy.sampling=fixed", *args.extra)
+        result = gpu_peer(overrides, args.rounds, tmp, python)
+    else:
+        overrides = with_overrides(P2_OVERRIDES, *args.extra)
+        result = cpu_peer(overrides, args.rounds, tmp, python, ("dp_fedavg", "dp_fedsam"), args.procs)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
