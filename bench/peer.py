@@ -268,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.out.parent / (args.out.stem + "_runs")
     tmp.mkdir(parents=True, exist_ok=True)
     if args.case == "gpu":
-        overrides = with_overrides(GPU_OVERRIDES, "privacy.sampling=fixed", *args.extra)
+        # Fixed-size cohorts of 50 (pfl's cohort size is a constant): M = 160 clients of 125 images, m = qM = 50.
+        fixed = ("privacy.sampling=fixed", "dataset.num_clients=160", "privacy.sample_rate=0.3125")
+        overrides = with_overrides(GPU_OVERRIDES, *fixed, *args.extra)
         result = gpu_peer(overrides, args.rounds, tmp, python)
     else:
         overrides = with_overrides(P2_OVERRIDES, *args.extra)
