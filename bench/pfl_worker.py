@@ -243,16 +243,18 @@ def main() -> int:
         model_train_params=train_params,
         callbacks=[RoundClock()],
     )
+    # On the collective's device (NCCL has no CPU tensors).
     first = torch.tensor([_FIRST_STEP_UNIX[0] if _FIRST_STEP_UNIX else float("inf")], dtype=torch.float64)
+    first = first.to(device)
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    if distributed:
+    if distributed and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN)
     if int(os.environ.get("RANK", "0")) == 0:
         weights_file = out.with_suffix(".npz")
         np.savez(weights_file, *[p.detach().cpu().numpy() for p in net.parameters()])
         summary = {
             "round_seconds": [b - a for a, b in itertools.pairwise(round_ends)],
-            "first_step_unix": float(first[0]),
+            "first_step_unix": float(first.cpu()[0]),
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
             "torch_threads": torch.get_num_threads(),
             "device": str(device),
