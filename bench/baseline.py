@@ -219,8 +219,10 @@ def run_baseline(
     config: AppConfig,
     num_rounds: int | None = None,
     device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> BaselineResult:
     """Train ``config`` for ``num_rounds`` (default ``config.num_rounds``) rounds; returns the global model.
+    ``dtype``: the model's and the data's (float64 lets tests compare implementations beyond float32 rounding).
 
     Pins the native libraries' thread pools to torch's current thread count first (see the module docstring).
     """
@@ -229,8 +231,8 @@ def run_baseline(
     d, p = config.dataset, config.privacy
     clip = AdaptiveClip.of(config) if private and p.clipping == "adaptive" else None
     train, _ = load_dataset(d.name, d.data_dir, download=d.download)
-    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device)
-    weights = get_weights(model)
+    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device=device, dtype=dtype)
+    weights = get_weights(model, dtype)
     shapes = [w.shape for w in weights]
     m = denominator(config)
     result = BaselineResult(weights=weights)
@@ -241,12 +243,12 @@ def run_baseline(
         for pid in sampled_partitions(config, t):
             x, y = client_data(train, config, pid, device)
             if len(y) == 0:
-                updates.append([np.zeros(s, dtype=np.float32) for s in shapes])
+                updates.append([np.zeros(s, dtype=w.dtype) for s, w in zip(shapes, weights, strict=True)])
                 norms.append(0.0)
                 continue
             set_weights(model, weights)
-            local_train(model, x, y, config, t, use_sam, shuffle_generator(config, t, pid))
-            update = [new - old for new, old in zip(get_weights(model), weights, strict=True)]
+            local_train(model, x.to(dtype), y, config, t, use_sam, shuffle_generator(config, t, pid))
+            update = [new - old for new, old in zip(get_weights(model, dtype), weights, strict=True)]
             clipped, norm = mech.clip_update(update, clip_norm)
             updates.append(clipped if private else update)
             norms.append(norm)

@@ -203,15 +203,17 @@ def run_batched(
     config: AppConfig,
     num_rounds: int | None = None,
     device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> BatchedResult:
-    """Train ``config`` for ``num_rounds`` (default ``config.num_rounds``) rounds, each round's clients at once."""
+    """Train ``config`` for ``num_rounds`` (default ``config.num_rounds``) rounds, each round's clients at once
+    (``dtype``: the model's and the data's, as in :func:`bench.baseline.run_baseline`)."""
     use_sam, private = check_supported(config)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise RuntimeError("--device cuda: no CUDA device is available to torch on this machine")
     limit_library_threads(torch.get_num_threads())
     d, p, c = config.dataset, config.privacy, config.client
     train, _ = load_dataset(d.name, d.data_dir, download=d.download)
-    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device)
+    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device=device, dtype=dtype)
     buffers = [name for name, _ in model.named_buffers()]
     if buffers:
         raise ValueError(f"the batched loop needs a model without buffers (BatchNorm statistics); found {buffers[:3]}")
@@ -219,9 +221,9 @@ def run_batched(
     if names != [name for name, _ in model.named_parameters()]:
         raise ValueError("the exchanged weights must be exactly the model's parameters")
     model.train()
-    weights = get_weights(model)
+    weights = get_weights(model, dtype)
     shapes = [tuple(w.shape) for w in weights]
-    x_all = train.x.to(device)
+    x_all = train.x.to(device=device, dtype=dtype)
     y_all = train.y.to(device=device, dtype=torch.long)
     m = denominator(config)
     result = BatchedResult(weights=weights, device=device)

@@ -128,9 +128,10 @@ def weight_shapes(model: nn.Module) -> list[tuple[int, ...]]:
     return [tuple(v.shape) for _, v in _exchanged(model)]
 
 
-def get_weights(model: nn.Module) -> list[np.ndarray]:
-    """float32 numpy copies of the floating-point state_dict entries, in state_dict order."""
-    return [v.detach().to(device="cpu", dtype=torch.float32, copy=True).numpy() for _, v in _exchanged(model)]
+def get_weights(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[np.ndarray]:
+    """numpy copies (float32 unless ``dtype`` says otherwise) of the floating-point state_dict entries, in
+    state_dict order."""
+    return [v.detach().to(device="cpu", dtype=dtype, copy=True).numpy() for _, v in _exchanged(model)]
 
 
 def set_weights(model: nn.Module, weights: Sequence[np.ndarray]) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -49,7 +49,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
-from clients.recipes import privatize_update
 from clients.vectorized import check_vectorizable
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
@@ -59,6 +58,7 @@ from fl_app.instructions import (
     CLIENT_TIMESTAMPS,
     COHORT_CLIENT_METRICS,
     STREAM_ADAPTIVE_CLIP,
+    STREAM_CLIENT_NOISE,
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
@@ -77,6 +77,14 @@ from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
+from fl_app.privacy.pipeline import (
+    ClientStep,
+    Mechanism,
+    ServerStep,
+    mechanisms_for,
+    run_client_steps,
+    run_server_steps,
+)
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
@@ -532,7 +540,18 @@ class FederatedStrategy(Strategy):
     # ----- the client recipe and the round's shared mask (overridden by the sparsified / noisy methods) --------
 
     def client_recipe(self) -> RecipeSpec:
+        """The recipe every client runs (sent as ``recipe.*``; :mod:`fl_app.privacy.pipeline` names its steps)."""
         return RecipeSpec()
+
+    def server_mechanisms(self) -> tuple[Mechanism, ...]:
+        """Server-only steps after the recipe's (e.g. DP-FedSAM-topk's top-k of the noised average)."""
+        return ()
+
+    @property
+    def mechanisms(self) -> tuple[Mechanism, ...]:
+        """The round's privacy pipeline: the recipe's mechanisms, then the server-only ones. Clients run their
+        client steps; :meth:`combine` runs every server step on the average, in this order."""
+        return mechanisms_for(self.client_recipe()) + self.server_mechanisms()
 
     def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:
         return local_training_config(self.config, self.local_optimizer)
@@ -543,10 +562,6 @@ class FederatedStrategy(Strategy):
         """A public, data-independent mask shared by every client this round (None = dense), from the round's global
         model and the one the previous round started from ([] before the first)."""
         return None
-
-    def postprocess(self, noisy_average: list[np.ndarray]) -> list[np.ndarray]:
-        """Post-processing of the noised average (covered by the accountant: it only sees the DP output)."""
-        return noisy_average
 
     # ----- sampling (SPEC §1) ---------------------------------------------------------------------------------
 
@@ -882,12 +897,23 @@ class FederatedStrategy(Strategy):
             return []
         # A canary's noise would raise the round's noise above the accounted one; the noise it "owes" in client
         # placement is covered by the top-up, which counts real clients only.
-        instructions = replace(plan.instructions, add_noise=False)
+        mechanisms = mechanisms_for(plan.instructions.recipe)
         updates = []
         for index in self.canaries.participants(plan.server_round):
-            sent, _ = privatize_update(
-                self.canaries.update(index, self.clip_norm), instructions, self.num_clients + index, plan.mask
+            step = ClientStep(
+                clip_norm=plan.instructions.clip_norm,
+                noise_std=None,
+                # The stream a client with this id would draw from (canaries add no noise of their own).
+                rng=mech.random_source(
+                    self.secure_noise,
+                    self.config.seed,
+                    plan.server_round,
+                    STREAM_CLIENT_NOISE,
+                    self.num_clients + index,
+                ),
+                shared_mask=plan.mask,
             )
+            sent, _ = run_client_steps(mechanisms, self.canaries.update(index, self.clip_norm), step)
             updates.append((index, self.admit(plan, sent)[0]))
         return updates
 
@@ -901,7 +927,8 @@ class FederatedStrategy(Strategy):
         return self.private and self.placement.server_clips
 
     def combine(self, plan: RoundPlan, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
-        """Steps 6: uniform sum over the fixed denominator m, the server's noise, post-processing.
+        """Step 6: uniform sum over the fixed denominator m, then the pipeline's server steps (the server's share of
+        the noise, the noise's support, post-processing: :attr:`mechanisms`).
 
         ``updates`` are client updates or cohort sums of them (their sum is the same); ``num_clients`` is the
         number of client updates they hold.
@@ -909,17 +936,15 @@ class FederatedStrategy(Strategy):
         if not self.private:
             return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
         average = mech.uniform_average(updates, self.expected_clients, plan.shapes)
-        std = self.placement.server_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients)
-        average = mech.add_gaussian_noise(average, std, self._noise_rng(plan.server_round))
-        support = self.noise_support(plan, updates)
-        if support is not None:
-            average = mech.apply_mask(average, support)
-        return self.postprocess(average)
-
-    def noise_support(self, plan: RoundPlan, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
-        """Coordinates that carry noise (None = all): the round's shared mask for Fed-SMP. ``updates`` may be
-        cohort sums: the support of a sum is the union of its clients' supports (up to exact cancellation)."""
-        return plan.mask
+        step = ServerStep(
+            noise_std=self.placement.server_noise_std(
+                self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients
+            ),
+            rng=self._noise_rng(plan.server_round),
+            mask=plan.mask,
+            updates=updates,
+        )
+        return run_server_steps(self.mechanisms, average, step)
 
     # ----- the run -----------------------------------------------------------------------------------------------
 

@@ -13,10 +13,8 @@ Where the mask is computed decides what the accountant covers (SPEC §5):
 
 from __future__ import annotations
 
-import numpy as np
-
 from fl_app.instructions import RecipeSpec
-from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.pipeline import Mechanism, ServerTopK
 from strategies.dp_fedsam import DPFedSAM
 
 
@@ -34,10 +32,8 @@ class DPFedSAMTopK(DPFedSAM):
         kind = "topk_noisy" if self.config.strategy.mask_source == "noisy" else "topk_clean"
         return RecipeSpec(kind=kind, sparsity=self.config.strategy.sparsity)
 
-    def postprocess(self, noisy_average: list[np.ndarray]) -> list[np.ndarray]:
-        if not self._server_masks:
-            return noisy_average
-        return mech.apply_mask(noisy_average, mech.topk_mask(noisy_average, self.config.strategy.sparsity))
+    def server_mechanisms(self) -> tuple[Mechanism, ...]:
+        return (ServerTopK(self.config.strategy.sparsity),) if self._server_masks else ()
 
     def not_covered_reason(self) -> str | None:
         if self.config.strategy.mask_source == "clean":

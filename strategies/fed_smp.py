@@ -17,7 +17,7 @@ import numpy as np
 
 from fl_app.instructions import STREAM_ROUND_MASK, RecipeSpec
 from fl_app.privacy import mechanisms as mech
-from strategies.base import FederatedStrategy, RoundPlan
+from strategies.base import FederatedStrategy
 
 
 class FedSMPRandK(FederatedStrategy):
@@ -61,15 +61,6 @@ class FedSMPTopK(FederatedStrategy):
             return mech.randk_mask(shapes, p, self.round_rng(server_round, STREAM_ROUND_MASK))
         last_update = [w - v for w, v in zip(global_weights, previous_global, strict=True)]
         return mech.topk_mask(last_update, p)
-
-    def noise_support(self, plan: RoundPlan, updates: list[list[np.ndarray]]) -> list[np.ndarray] | None:
-        if not self._local:
-            return plan.mask
-        # As published: noise on the kept coordinates, i.e. the union of the clients' (data-dependent) supports.
-        support = [np.zeros(shape, dtype=bool) for shape in plan.shapes]
-        for update in updates:
-            support = [s | (u != 0) for s, u in zip(support, update, strict=True)]
-        return support
 
     def not_covered_reason(self) -> str | None:
         return "data-dependent top-k support" if self._local else None

@@ -151,12 +151,14 @@ def test_stack_schedule_pads_short_batches_and_shrinks_to_the_clients_still_trai
 )
 def test_batched_loop_reaches_the_loop_s_model(extra: list[str], one_torch_thread: None) -> None:
     config = compose_config([*extra, *TINY])
-    batched = run_batched(config, device="cpu")
-    loop = run_baseline(config)
+    # In float64: batched kernels break max-pool ties and sum in other orders, which float32 ReLU networks turn
+    # into differences of 1e-4..1e-2 that depend on the CPU's kernels (tests/clients/test_vectorized.py; 1.3e-4
+    # for ASAM on an AMD EPYC, where float32 passed 1e-4 elsewhere); in float64 the two loops agree to rounding.
+    batched = run_batched(config, device="cpu", dtype=torch.float64)
+    loop = run_baseline(config, dtype=torch.float64)
     assert batched.clients_per_round == loop.clients_per_round
     assert len(set(batched.steps_per_round)) >= 1 and max(batched.steps_per_round) > 1
-    # Batched kernels break max-pool ties and sum in other orders: float tolerance, not bits.
-    assert _max_abs_diff(batched.weights, loop.weights) <= 1e-4
+    assert _max_abs_diff(batched.weights, loop.weights) <= 1e-10
     initial = run_baseline(config, num_rounds=0).weights
     assert _max_abs_diff(loop.weights, initial) > 1e-3
 
