@@ -32,6 +32,9 @@ from fl_app.config import compose_config
 from fl_app.metrics import read_metrics
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: The GPU case's fixed-size cohorts (pfl's cohort size is a constant): M = 160 clients of 125 images of the 20k
+#: subset, m = qM = 50 a round.
+GPU_PEER_FIXED = ("privacy.sampling=fixed", "dataset.num_clients=160", "privacy.sample_rate=0.3125")
 
 _LIMIT_CODE = r"""
 import json, sys, time
@@ -268,9 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = args.out.parent / (args.out.stem + "_runs")
     tmp.mkdir(parents=True, exist_ok=True)
     if args.case == "gpu":
-        # Fixed-size cohorts of 50 (pfl's cohort size is a constant): M = 160 clients of 125 images, m = qM = 50.
-        fixed = ("privacy.sampling=fixed", "dataset.num_clients=160", "privacy.sample_rate=0.3125")
-        overrides = with_overrides(GPU_OVERRIDES, *fixed, *args.extra)
+        overrides = with_overrides(GPU_OVERRIDES, *GPU_PEER_FIXED, *args.extra)
         result = gpu_peer(overrides, args.rounds, tmp, python)
     else:
         overrides = with_overrides(P2_OVERRIDES, *args.extra)

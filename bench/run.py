@@ -1,4 +1,4 @@
-"""Benchmark harness (issues 5, 12): ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4,GPU]``.
+"""Benchmark harness (issues 5, 12, 22): ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4,PEER,GPU]``.
 
 Writes ``results.json`` and ``results.md`` into ``--out`` (default ``bench/results/<timestamp>/``). Every
 comparison is a ratio of two measurements taken side by side in this one invocation.
@@ -20,6 +20,12 @@ comparison is a ratio of two measurements taken side by side in this one invocat
   workers) for M = 100, 500, 5000 clients at the same number of clients per round. Targets: ≤ 3 GB at the
   default M = 500, largest / smallest ≤ 1.2.
 * **P4 accounting** — seconds to compute ε after T = 300 rounds (RDP, PRV, PLD) and to calibrate σ for a target ε.
+* **PEER** (``--peer pfl``; issue 22) — the app against pfl-research and the machine's compute limit, for
+  DP-FedAvg and DP-FedSAM on the P2 config (bench/peer.py): s/round, command → first local step and peak RSS of
+  every process of the app (its CPU default) and of pfl (P one-thread ``torchrun`` workers replaying the app's
+  clients, mini-batches and initial weights, bench/pfl_peer.py), each s/round also as a ratio to the limit (the
+  run's bare local step on one thread × the cores). Targets: app / pfl ≤ 0.90, app / limit ≤ 1.15, startup
+  ≤ 10 s and below pfl's, peak RSS ≤ 3 GB. With a GPU, ``--peer pfl --only GPU`` adds bench/peer.py's GPU case.
 * **GPU** (``--only GPU``; in the default set when torch sees a CUDA device) — the papers' scale on one GPU:
   Fashion-MNIST 20k-image subset, ``+scale=paper`` (30 local epochs, ASAM ρ = 0.5, C = 0.2, σ = 0.95) with
   M = 167 and q = 0.3 (about 50 clients of about 120 images a round): s/round of the app per client
@@ -632,6 +638,64 @@ def _gpu_rows(gpu: dict[str, Any]) -> list[str]:
     return lines
 
 
+PEER_TARGETS = {
+    "ratio_app_over_pfl": 0.90,
+    "ratio_app_over_limit": 1.15,
+    "startup_s": 10.0,
+    "peak_rss_mib": 3e9 / 2**20,
+}
+
+
+def _peer_rows(peer: dict[str, Any]) -> list[str]:
+    t = PEER_TARGETS
+    lines = []
+    for name in ("dp_fedavg", "dp_fedsam"):
+        entry = peer.get(name)
+        if not entry:
+            continue
+        app, pfl, limit = entry.get("app") or {}, entry.get("pfl") or {}, entry.get("limit") or {}
+        lines.append(
+            f"| PEER {name} s/round: app / pfl-research ({peer['cores']}×1 thread) / compute limit | "
+            f"{_num(app.get('round_s'))} / {_num(pfl.get('round_s'))} / {_num(limit.get('round_s'))} | | |"
+        )
+        lines.append(
+            f"| PEER {name} app / pfl | **{_num(entry['ratio_app_over_pfl'], '.3f')}** | ≤ {t['ratio_app_over_pfl']} "
+            f"| {_met(entry['ratio_app_over_pfl'], t['ratio_app_over_pfl'])} |"
+        )
+        lines.append(
+            f"| PEER {name} app / limit (pfl / limit) | **{_num(entry['ratio_app_over_limit'], '.3f')}** "
+            f"({_num(entry['ratio_pfl_over_limit'], '.3f')}) | ≤ {t['ratio_app_over_limit']} "
+            f"| {_met(entry['ratio_app_over_limit'], t['ratio_app_over_limit'])} |"
+        )
+        lines.append(
+            f"| PEER {name} command → first local step, app / pfl (s) | {_num(app.get('startup_s'), '.1f')} / "
+            f"{_num(pfl.get('startup_s'), '.1f')} | ≤ {t['startup_s']:.0f} and below pfl | "
+            f"{_met(app.get('startup_s'), min(t['startup_s'], pfl.get('startup_s') or t['startup_s']))} |"
+        )
+        lines.append(
+            f"| PEER {name} peak RSS all processes, app / pfl (MiB) | {_num(app.get('peak_rss_mib'), '.0f')} / "
+            f"{_num(pfl.get('peak_rss_mib'), '.0f')} | ≤ {t['peak_rss_mib']:.0f} | "
+            f"{_met(app.get('peak_rss_mib'), t['peak_rss_mib'])} |"
+        )
+    if limit_step := next((peer[n]["limit"] for n in ("dp_fedavg", "dp_fedsam") if peer.get(n, {}).get("limit")), None):
+        lines.append(
+            f"| PEER limit: bare SGD step, one thread (samples/s) | {limit_step['samples_per_s_one_thread']:.0f} | | |"
+        )
+    for label, error in peer.get("errors", {}).items():
+        lines.append(f"| PEER {label} failed | {error.splitlines()[0][:200]} | | |")
+    return lines
+
+
+def _gpu_peer_rows(gpu: dict[str, Any]) -> list[str]:
+    app, pfl, batched = gpu.get("app_cohort") or {}, gpu.get("pfl") or {}, gpu.get("batched_loop") or {}
+    return [
+        f"| GPU_PEER ({gpu['gpu']}) s/round: app cohort / pfl (1 worker) / batched loop | "
+        f"{_num(app.get('round_s'))} / {_num(pfl.get('round_s'))} / {_num(batched.get('round_s'))} | | |",
+        f"| GPU_PEER app / pfl | **{_num(gpu.get('ratio_app_over_pfl'), '.3f')}** | ≤ 0.9 | "
+        f"{_met(gpu.get('ratio_app_over_pfl'), 0.9)} |",
+    ]
+
+
 def to_markdown(results: dict[str, Any]) -> str:
     m = results["machine"]
     lines = [
@@ -680,6 +744,10 @@ def to_markdown(results: dict[str, Any]) -> str:
             f"| P4 calibrate σ for ε=8 (s) | {p4['calibrate_rdp_s']:.3f} | < 1 | {_met(p4['calibrate_rdp_s'], 1.0)} |"
         )
         lines.append(f"| P4 accounting per round at T=300 (s) | {p4['per_round_accounting_at_T300_s']:.3f} | | |")
+    if peer := results.get("PEER"):
+        lines += _peer_rows(peer)
+    if gpu_peer := results.get("GPU_PEER"):
+        lines += _gpu_peer_rows(gpu_peer)
     if gpu := results.get("GPU"):
         lines += _gpu_rows(gpu)
     if "gpu" in results:
@@ -693,8 +761,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated subset of P1,P2,P3,P4,GPU (default: all; GPU when CUDA is present)",
+        help="comma-separated subset of P1,P2,P3,P4,PEER,GPU (default: all; GPU when CUDA is present; PEER "
+        "with --peer)",
     )
+    parser.add_argument("--peer", choices=("pfl",), default=None, help="compare with pfl-research (bench/peer.py)")
+    parser.add_argument("--pfl-python", default=None, help="an interpreter with pfl (default: .bench-peer/pfl-venv)")
     parser.add_argument("--rounds", type=int, default=8, help="P2 rounds (steady state = rounds 3..T-1)")
     parser.add_argument("--gpu-rounds", type=int, default=6, help="rounds of each GPU run (steady state = 3..T-1)")
     parser.add_argument("--procs", type=int, default=None, help="P2 parallel loops' processes (default: cores)")
@@ -706,14 +777,16 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the runs' directories")
     args = parser.parse_args(argv)
-    default_only = "P1,P2,P3,P4" + (",GPU" if torch.cuda.is_available() else "")
+    default_only = "P1,P2,P3,P4" + (",PEER" if args.peer else "") + (",GPU" if torch.cuda.is_available() else "")
     only = {s.strip().upper() for s in (args.only or default_only).split(",") if s.strip()}
-    if unknown := only - {"P1", "P2", "P3", "P4", "GPU"}:
+    if unknown := only - {"P1", "P2", "P3", "P4", "PEER", "GPU"}:
         parser.error(f"--only: unknown {sorted(unknown)}")
     if args.rounds < 4 or args.gpu_rounds < 4:
         parser.error("--rounds and --gpu-rounds must be >= 4 (the steady state is rounds 3..T-1)")
     if "GPU" in only:
         require_cuda()
+    if "PEER" in only and not args.peer:
+        parser.error("--only PEER needs --peer pfl")
     passthrough = ([f"dataset.data_dir={args.data_dir}"] if args.data_dir else []) + list(args.extra)
     out = args.out or ROOT / "bench" / "results" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
@@ -729,6 +802,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if "P4" in only:
             results["P4"] = p4_accounting()
+        if "PEER" in only or (args.peer and "GPU" in only):
+            from bench.peer import GPU_PEER_FIXED, cpu_peer, gpu_peer
+            from bench.pfl_peer import ensure_pfl_python
+
+            pfl_python = args.pfl_python or str(ensure_pfl_python())
+            if "PEER" in only:
+                peer_rounds = 5 if args.quick else max(args.rounds, 12)
+                results["PEER"] = cpu_peer(
+                    overrides, peer_rounds, tmp, pfl_python, P2_STRATEGIES, args.procs or os.cpu_count() or 1
+                )
+            if "GPU" in only:
+                gpu_overrides = with_overrides(GPU_OVERRIDES, *GPU_PEER_FIXED, *passthrough)
+                results["GPU_PEER"] = gpu_peer(gpu_overrides, gpu_rounds, tmp, pfl_python)
         if "P2" in only:
             results["P2"] = p2_fair(overrides, rounds, tmp, procs=args.procs)
         if "GPU" in only:

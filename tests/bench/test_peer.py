@@ -1,0 +1,87 @@
+"""The peer benchmark's replay (bench/pfl_peer.py): what pfl is handed is the app's run — its clients per round, their
+rows, their mini-batch order, the initial weights, the hyperparameters. pfl itself lives in its own virtualenv and
+is not needed here; ``python -m bench.pfl_peer --check`` runs it (σ = 0, 2 rounds, agreement with the reference
+loop to float tolerance)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bench.baseline import partition_indices, sampled_partitions, shuffle_generator
+from bench.peer import round_samples
+from bench.pfl_peer import check_peer_supported, write_replay
+from bench.run import to_markdown
+from fl_app.config import compose_config
+from fl_app.models import build_model_for_dataset, get_weights
+
+TINY = [
+    "strategy=dp_fedsam",
+    "dataset.num_clients=50",
+    "dataset.max_train_samples=1000",
+    "privacy.sampling=fixed",
+    "privacy.sample_rate=0.1",
+    "client.local_epochs=2",
+]
+
+
+def test_the_replay_is_the_app_s_run(tmp_path: Path) -> None:
+    config = compose_config(TINY)
+    spec = write_replay(config, 2, tmp_path)
+    arrays = np.load(tmp_path / "replay.npz")
+    assert json.loads((tmp_path / "replay.json").read_text()) == spec
+    c = spec["config"]
+    assert (c["cohort_size"], c["use_sam"], c["local_epochs"], c["clip_norm"]) == (5, True, 2, config.privacy.clip_norm)
+    for t in (1, 2):
+        users = [u for u in spec["users"] if u["round"] == t]
+        assert [u["partition"] for u in users] == sampled_partitions(config, t)
+        for user in users:
+            rows = partition_indices(config, user["partition"])
+            replay_rows = arrays[f"rows_{user['uid']}"]
+            # The replay's rows are positions in its own x; the images there are the partition's.
+            assert np.array_equal(arrays["y"][replay_rows], np.asarray(_labels(config))[rows])
+            generator = shuffle_generator(config, t, user["partition"])
+            perms = arrays[f"perms_{user['uid']}"]
+            for epoch in range(2):  # drawn exactly as bench/baseline.py's local_train draws them
+                assert np.array_equal(perms[epoch], torch.randperm(len(rows), generator=generator).numpy())
+    initial = get_weights(build_model_for_dataset("cnn", "fashion_mnist", seed=config.seed))
+    assert all(np.array_equal(arrays[f"w{i}"], w) for i, w in enumerate(initial))
+    assert round_samples(spec, 2) == [2 * sum(u["samples"] for u in spec["users"] if u["round"] == t) for t in (1, 2)]
+
+
+def _labels(config) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    from fl_app.data.datasets import load_dataset
+
+    train, _ = load_dataset(config.dataset.name, config.dataset.data_dir)
+    return train.y
+
+
+def test_the_replay_refuses_what_pfl_cannot_run() -> None:
+    with pytest.raises(ValueError, match="sampling=fixed"):
+        check_peer_supported(compose_config(["strategy=dp_fedavg"]))
+    with pytest.raises(ValueError, match="covers"):
+        check_peer_supported(compose_config(["strategy=fed_smp_randk", "privacy.sampling=fixed"]))
+
+
+def test_the_peer_rows_state_ratios_against_their_targets() -> None:
+    entry = {
+        "app": {"round_s": 2.0, "startup_s": 12.0, "peak_rss_mib": 4000.0},
+        "pfl": {"round_s": 1.6, "startup_s": 8.0, "peak_rss_mib": 3000.0},
+        "limit": {"round_s": 1.4, "samples_per_s_one_thread": 880.0},
+        "ratio_app_over_pfl": 1.25,
+        "ratio_app_over_limit": 2.0 / 1.4,
+        "ratio_pfl_over_limit": 1.6 / 1.4,
+    }
+    results = {
+        "machine": {"date": "d", "cpu_count": 2, "processor": "x", "cuda": None, "torch": "t"},
+        "overrides": [],
+        "command": "python -m bench --peer pfl",
+        "PEER": {"cores": 2, "dp_fedavg": entry},
+    }
+    text = to_markdown(results)
+    assert "| PEER dp_fedavg app / pfl | **1.250** | ≤ 0.9 | **no** |" in text
+    assert "2.00 / 1.60 / 1.40" in text
