@@ -45,6 +45,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from clients.training import LocalTrainingConfig, LocalTrainingResult, NoisyLocalConfig, local_lr, noisy_step_lr
+from fl_app.models import check_vectorizable
 
 __all__ = [
     "StackedRegularizer",
@@ -58,23 +59,6 @@ __all__ = [
 Params = dict[str, torch.Tensor]
 #: R(w_i, w_ref) for one client's parameters (a dict) and the round's reference weights; vmapped over clients.
 StackedRegularizer = Callable[[Params, Params], torch.Tensor]
-
-
-def check_vectorizable(model: nn.Module) -> None:
-    """Raise ValueError if ``model`` cannot be trained stacked: it has buffers (e.g. BatchNorm statistics) or
-    dropout."""
-    dropout = [name for name, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
-    if dropout:
-        raise ValueError(
-            "the vectorized cohort engine needs a model without dropout (its random masks would need per-client "
-            f"randomness under vmap); this model has {dropout[:3]}"
-        )
-    buffers = [name for name, _ in model.named_buffers()]
-    if buffers:
-        raise ValueError(
-            "the vectorized cohort engine needs a model without buffers (BatchNorm running statistics cannot be "
-            f"kept per client under vmap; use GroupNorm); this model has {buffers[:3]}"
-        )
 
 
 def batch_schedule(n: int, config: LocalTrainingConfig, generator: torch.Generator) -> list[torch.Tensor]:

@@ -32,6 +32,7 @@ __all__ = [
     "MODELS",
     "build_model",
     "build_model_for_dataset",
+    "check_vectorizable",
     "get_weights",
     "resnet18_gn",
     "set_weights",
@@ -103,6 +104,24 @@ def build_model(name: str, num_classes: int, in_channels: int, seed: int, **kwar
     with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.default_generator.manual_seed(int(seed))
         return factory(num_classes=num_classes, in_channels=in_channels, **kwargs)
+
+
+def check_vectorizable(model: nn.Module) -> None:
+    """Raise ValueError if ``model`` cannot be trained stacked by the vectorized cohort engine
+    (:mod:`clients.vectorized`): it has buffers (e.g. BatchNorm statistics) or dropout. A property of the model,
+    checked by the strategy at construction (before any worker starts) and by the engine."""
+    dropout = [name for name, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd)]
+    if dropout:
+        raise ValueError(
+            "the vectorized cohort engine needs a model without dropout (its random masks would need per-client "
+            f"randomness under vmap); this model has {dropout[:3]}"
+        )
+    buffers = [name for name, _ in model.named_buffers()]
+    if buffers:
+        raise ValueError(
+            "the vectorized cohort engine needs a model without buffers (BatchNorm running statistics cannot be "
+            f"kept per client under vmap; use GroupNorm); this model has {buffers[:3]}"
+        )
 
 
 def build_model_for_dataset(name: str, dataset: str, seed: int) -> nn.Module:

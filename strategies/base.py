@@ -49,7 +49,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
-from clients.vectorized import check_vectorizable
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig, ConfigError, compose_config, settings_overrides
@@ -72,7 +71,7 @@ from fl_app.instructions import (
     resolve_cohort_engine,
 )
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter
-from fl_app.models import build_model_for_dataset, resolve_device
+from fl_app.models import build_model_for_dataset, check_vectorizable, resolve_device
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier
