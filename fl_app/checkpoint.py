@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from fl_app.atomic import atomic_write
-from fl_app.config import AppConfig, validate
+from fl_app.config import AppConfig, upgrade_stored_config, validate
 
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT_VERSION = 1
@@ -85,7 +85,7 @@ def resolve_resume(config: AppConfig) -> AppConfig:
     if config.resume is None:
         return config
     run_dir = Path(config.resume).resolve()
-    stored = validate(load_checkpoint(run_dir).config)
+    stored = validate(upgrade_stored_config(load_checkpoint(run_dir).config))
     resumed = replace(stored, resume=str(run_dir), output_dir=str(run_dir))
     ignored = sorted(
         k for k, v in config.to_dict().items() if k not in ("resume", "output_dir") and resumed.to_dict()[k] != v

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -37,28 +37,116 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    """The algorithm and its own hyper-parameters; each strategy reads only the fields it uses."""
+    """Every strategy's settings: its name, its class and the server's step size. A strategy with settings of its
+    own names a subclass below as its ``settings_class`` (strategies/); each subclass validates its own fields
+    (:meth:`check`), so a strategy is validated for what it reads and nothing else."""
 
     name: str
     target: str
     server_lr: float = 1.0
-    # Sparsified methods (SPEC §5, SPEC_BASELINES.md): fraction p of coordinates kept per layer.
+
+    def check(self) -> None:
+        """Raise :class:`ConfigError` for a value out of range (the types were checked when it was read)."""
+        require(self.server_lr > 0, "strategy.server_lr", self.server_lr, "> 0")
+
+
+@dataclass(frozen=True)
+class SparseConfig(StrategyConfig):
+    """Sparsified methods (SPEC §5, SPEC_BASELINES.md): the fraction p of coordinates kept per layer."""
+
     sparsity: float = 0.4
-    # dp_fedsam_topk: noisy | clean; fed_smp_topk: local | global (the class lists what it accepts).
-    mask_source: str = ""
-    # fed_smp_randk: send (update ⊙ mask) / p instead of update ⊙ mask.
+
+    def check(self) -> None:
+        super().check()
+        require(0 < self.sparsity <= 1, "strategy.sparsity", self.sparsity, "p in (0, 1]")
+
+
+@dataclass(frozen=True)
+class TopKConfig(SparseConfig):
+    """DP-FedSAM-topk: the top-k mask of the noisy update (covered) or of the clean one (not covered)."""
+
+    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("noisy", "clean")
+    mask_source: str = "noisy"
+
+    def check(self) -> None:
+        super().check()
+        require(self.mask_source in self.MASK_SOURCES, "strategy.mask_source", self.mask_source,
+                " | ".join(self.MASK_SOURCES))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RandKConfig(SparseConfig):
+    """Fed-SMP-randk: send (update ⊙ mask) / p (unbiased) instead of update ⊙ mask."""
+
     rescale: bool = True
-    # dp_fedavg_blur(s): BLUR coefficient λ.
+
+
+@dataclass(frozen=True)
+class SMPTopKConfig(SparseConfig):
+    """Fed-SMP-topk: each client's own top-k (as published; not covered) or last round's public global top-k."""
+
+    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("local", "global")
+    mask_source: str = "local"
+
+    def check(self) -> None:
+        super().check()
+        require(self.mask_source in self.MASK_SOURCES, "strategy.mask_source", self.mask_source,
+                " | ".join(self.MASK_SOURCES))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class BlurConfig(StrategyConfig):
+    """DP-FedAvg-blur: the BLUR coefficient λ."""
+
     blur_coef: float = 1.0
-    # noisy_fedavg / noisy_fedprox (seed 004): K local steps, constant mu of the schedule, schedule,
-    # per-step gradient clip V, absolute noise std sigma on the uploaded model, proximal alpha, assumed smoothness L.
+
+    def check(self) -> None:
+        super().check()
+        require(self.blur_coef >= 0, "strategy.blur_coef", self.blur_coef, ">= 0")
+
+
+@dataclass(frozen=True)
+class BlurSparseConfig(BlurConfig):
+    """DP-FedAvg-blurs: BLUR plus local update sparsification keeping the fraction p per layer."""
+
+    sparsity: float = 0.4
+
+    def check(self) -> None:
+        super().check()
+        require(0 < self.sparsity <= 1, "strategy.sparsity", self.sparsity, "p in (0, 1]")
+
+
+@dataclass(frozen=True)
+class NoisyConfig(StrategyConfig):
+    """Noisy-FedAvg (seed 004): K local steps, the schedule's constant μ and the schedule, per-step gradient clip V,
+    absolute noise std σ on the uploaded model, the assumed smoothness L."""
+
     local_steps: int = 10
     noisy_lr: float = 0.05
     lr_schedule: str = "constant"
     grad_clip: float = 1.0
     noise_std: float = 0.01
-    prox_coef: float = 0.0
     smoothness: float = 1.0
+
+    def check(self) -> None:
+        super().check()
+        require(self.noisy_lr > 0, "strategy.noisy_lr", self.noisy_lr, "> 0")
+        require(self.lr_schedule in NOISY_SCHEDULES, "strategy.lr_schedule", self.lr_schedule,
+                " | ".join(NOISY_SCHEDULES))  # fmt: skip
+        require(self.grad_clip > 0, "strategy.grad_clip", self.grad_clip, "V > 0")
+        require(self.noise_std >= 0, "strategy.noise_std", self.noise_std, "sigma >= 0")
+        require(self.smoothness > 0, "strategy.smoothness", self.smoothness, "L > 0")
+
+
+@dataclass(frozen=True)
+class NoisyProxConfig(NoisyConfig):
+    """Noisy-FedProx: Noisy-FedAvg plus the proximal coefficient α."""
+
+    prox_coef: float = 0.0
+
+    def check(self) -> None:
+        super().check()
+        require(self.prox_coef >= 0, "strategy.prox_coef", self.prox_coef, "alpha >= 0")
 
 
 @dataclass(frozen=True)
@@ -225,9 +313,14 @@ def _fail(key: str, value: object, allowed: str) -> ConfigError:
     return ConfigError(f"invalid config value {key}={value!r}: allowed {allowed}")
 
 
-def _require(ok: bool, key: str, value: object, allowed: str) -> None:
+def require(ok: bool, key: str, value: object, allowed: str) -> None:
+    """Raise :class:`ConfigError` ``invalid config value key=value: allowed ...`` unless ``ok`` (a settings class's
+    :meth:`~StrategyConfig.check` uses it, as every check here does)."""
     if not ok:
         raise _fail(key, value, allowed)
+
+
+_require = require
 
 
 def _finite(x: object) -> bool:
@@ -307,8 +400,29 @@ def _strategy_class(section: Mapping[str, Any]) -> type:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+#: Keys every strategy's section carried while the settings were one flat class for all strategies: a config stored
+#: then (a checkpoint's) holds them all, at values its strategy did not read.
+LEGACY_STRATEGY_KEYS = (
+    "sparsity", "mask_source", "rescale", "blur_coef", "local_steps", "noisy_lr", "lr_schedule", "grad_clip",
+    "noise_std", "prox_coef", "smoothness",
+)  # fmt: skip
+
+
+def upgrade_stored_config(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored config (a checkpoint's) in today's form: the strategy section keeps only its strategy's own
+    settings of :data:`LEGACY_STRATEGY_KEYS` (the others were never read). Today's configs pass unchanged."""
+    upgraded = dict(raw)
+    section = dict(raw.get("strategy") or {})
+    try:
+        settings_class = getattr(_strategy_class(section), "settings_class", StrategyConfig)
+    except Exception:  # an unimportable target: validate() reports it
+        return upgraded
+    own = {f.name for f in fields(settings_class)}
+    upgraded["strategy"] = {k: v for k, v in section.items() if k in own or k not in LEGACY_STRATEGY_KEYS}
+    return upgraded
+
+
 def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
-    _known_keys(section, StrategyConfig, "strategy", extra=("_target_",))
     target = section.get("_target_")
     _require(isinstance(target, str) and "." in target, "strategy._target_", target, "a dotted class path")
     module_name, _, class_name = str(target).rpartition(".")
@@ -324,12 +438,14 @@ def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
         target,
         "a subclass of strategies.base.FederatedStrategy",
     )
+    settings_class = getattr(cls, "settings_class", StrategyConfig)
+    _known_keys(section, settings_class, "strategy", extra=("_target_",))
     p = "strategy"
     name = section.get("name")
     _require(isinstance(name, str) and bool(name), "strategy.name", name, "a non-empty string")
-    defaults = StrategyConfig(name=str(name), target=str(target))
+    defaults = settings_class(name=str(name), target=str(target))
     values: dict[str, Any] = {}
-    for f in fields(StrategyConfig):
+    for f in fields(settings_class):
         if f.name in ("name", "target") or f.name not in section:
             continue
         default = getattr(defaults, f.name)
@@ -344,19 +460,7 @@ def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
             _require(isinstance(value, str), f"strategy.{f.name}", value, "a string")
             values[f.name] = value
     cfg = replace(defaults, **values)
-    _require(cfg.server_lr > 0, "strategy.server_lr", cfg.server_lr, "> 0")
-    _require(0 < cfg.sparsity <= 1, "strategy.sparsity", cfg.sparsity, "p in (0, 1]")
-    _require(cfg.blur_coef >= 0, "strategy.blur_coef", cfg.blur_coef, ">= 0")
-    mask_sources = getattr(cls, "mask_sources", ())
-    if mask_sources:
-        cfg = replace(cfg, mask_source=cfg.mask_source or mask_sources[0])
-        _require(cfg.mask_source in mask_sources, "strategy.mask_source", cfg.mask_source, " | ".join(mask_sources))
-    _require(cfg.noisy_lr > 0, "strategy.noisy_lr", cfg.noisy_lr, "> 0")
-    _require(cfg.lr_schedule in NOISY_SCHEDULES, "strategy.lr_schedule", cfg.lr_schedule, " | ".join(NOISY_SCHEDULES))
-    _require(cfg.grad_clip > 0, "strategy.grad_clip", cfg.grad_clip, "V > 0")
-    _require(cfg.noise_std >= 0, "strategy.noise_std", cfg.noise_std, "sigma >= 0")
-    _require(cfg.prox_coef >= 0, "strategy.prox_coef", cfg.prox_coef, "alpha >= 0")
-    _require(cfg.smoothness > 0, "strategy.smoothness", cfg.smoothness, "L > 0")
+    cfg.check()
     return cfg
 
 
@@ -693,8 +797,11 @@ SETTING_SECTIONS: dict[str, type] = {
 }
 
 
-def settings_overrides(strategy: str, settings: Mapping[str, Any]) -> list[str]:
-    """Hydra overrides for ``strategy`` (a conf/strategy name) and keyword ``settings``.
+def settings_overrides(
+    strategy: str, settings: Mapping[str, Any], strategy_settings: type[StrategyConfig] = StrategyConfig
+) -> list[str]:
+    """Hydra overrides for ``strategy`` (a conf/strategy name, whose settings class is ``strategy_settings``) and
+    keyword ``settings``.
 
     A setting is a top-level key (``num_rounds=5``), a group choice given as a string (``dataset="cifar10"``,
     ``server_optimizer="adam"``), a section given as a dict (``privacy={"clip_norm": 0.5}``), a dotted key
@@ -713,14 +820,15 @@ def settings_overrides(strategy: str, settings: Mapping[str, Any]) -> list[str]:
         if key in SETTING_SECTIONS and isinstance(value, Mapping):
             overrides += [f"{key}.{name}={_override_value(v)}" for name, v in value.items()]
             continue
-        overrides.append(f"{_setting_key(key)}={_override_value(value)}")
+        overrides.append(f"{_setting_key(key, {**SETTING_SECTIONS, 'strategy': strategy_settings})}="
+                         f"{_override_value(value)}")  # fmt: skip
     return overrides
 
 
-def _setting_key(name: str) -> str:
+def _setting_key(name: str, sections: Mapping[str, type]) -> str:
     if "." in name or name in SCALAR_KEYS or name in ("resume", "output_dir"):
         return name
-    owners = [section for section, cls in SETTING_SECTIONS.items() if name in {f.name for f in fields(cls)}]
+    owners = [section for section, cls in sections.items() if name in {f.name for f in fields(cls)}]
     if len(owners) == 1:
         return f"{owners[0]}.{name}"
     if not owners:

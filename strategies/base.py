@@ -51,7 +51,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
-from fl_app.config import AppConfig, ConfigError, compose_config, settings_overrides
+from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, settings_overrides
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     CLIENT_TIMESTAMPS,
@@ -186,8 +186,9 @@ class FederatedStrategy(Strategy):
     private: ClassVar[bool] = True
     #: The local optimizer of the client recipe.
     local_optimizer: ClassVar[Literal["sgd", "sam"]] = "sgd"
-    #: Accepted values of ``strategy.mask_source`` (first = default); empty for strategies without masks.
-    mask_sources: ClassVar[tuple[str, ...]] = ()
+    #: The strategy's settings (``strategy.*``): a :class:`fl_app.config.StrategyConfig` subclass that validates
+    #: its own fields; only these keys are accepted for the strategy.
+    settings_class: ClassVar[type[StrategyConfig]] = StrategyConfig
     #: Whether ``privacy.client_statistics=noisy`` can be accounted (needs the sampled-Gaussian accountant).
     supports_noisy_statistics: ClassVar[bool] = True
     #: Why the strategy cannot run canary clients (``audit``), or None if it can (fl_app/config.py checks it).
@@ -221,7 +222,7 @@ class FederatedStrategy(Strategy):
         the checkpoint).
         """
         if config is None:
-            config = compose_config(settings_overrides(self.config_name, settings))
+            config = compose_config(settings_overrides(self.config_name, settings, self.settings_class))
         elif settings:
             raise TypeError(f"{type(self).__name__}: pass either a config or keyword settings, not both")
         self.config = config

@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+from fl_app.config import BlurConfig, BlurSparseConfig
 from fl_app.instructions import RecipeSpec
 from strategies.base import FederatedStrategy
 
 
 class DPFedAvgBLUR(FederatedStrategy):
     config_name = "dp_fedavg_blur"
+    settings_class = BlurConfig
     private = True
     local_optimizer = "sgd"
 
@@ -24,6 +26,7 @@ class DPFedAvgBLUR(FederatedStrategy):
 
 class DPFedAvgBLURS(FederatedStrategy):
     config_name = "dp_fedavg_blurs"
+    settings_class = BlurSparseConfig
     private = True
     local_optimizer = "sgd"
 

@@ -13,6 +13,7 @@ Where the mask is computed decides what the accountant covers (SPEC §5):
 
 from __future__ import annotations
 
+from fl_app.config import TopKConfig
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy.pipeline import Mechanism, ServerTopK
 from strategies.dp_fedsam import DPFedSAM
@@ -20,7 +21,7 @@ from strategies.dp_fedsam import DPFedSAM
 
 class DPFedSAMTopK(DPFedSAM):
     config_name = "dp_fedsam_topk"
-    mask_sources = ("noisy", "clean")
+    settings_class = TopKConfig
 
     @property
     def _server_masks(self) -> bool:

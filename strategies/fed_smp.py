@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from fl_app.config import RandKConfig, SMPTopKConfig
 from fl_app.instructions import STREAM_ROUND_MASK, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
@@ -22,6 +23,7 @@ from strategies.base import FederatedStrategy
 
 class FedSMPRandK(FederatedStrategy):
     config_name = "fed_smp_randk"
+    settings_class = RandKConfig
     private = True
     local_optimizer = "sgd"
 
@@ -40,7 +42,7 @@ class FedSMPTopK(FederatedStrategy):
     config_name = "fed_smp_topk"
     private = True
     local_optimizer = "sgd"
-    mask_sources = ("local", "global")
+    settings_class = SMPTopKConfig
 
     @property
     def _local(self) -> bool:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from fl_app.config import NoisyConfig, NoisyProxConfig, StrategyConfig
 from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
@@ -24,6 +25,7 @@ from strategies.base import FederatedStrategy, RoundPlan
 
 class NoisyFedAvg(FederatedStrategy):
     config_name = "noisy_fedavg"
+    settings_class: ClassVar[type[StrategyConfig]] = NoisyConfig
     private = True
     local_optimizer = "sgd"
     supports_noisy_statistics = False  # the GDP bound of seed 004 has no room for another release
@@ -120,6 +122,7 @@ class NoisyFedAvg(FederatedStrategy):
 
 class NoisyFedProx(NoisyFedAvg):
     config_name = "noisy_fedprox"
+    settings_class = NoisyProxConfig
     algorithm = "noisy_fedprox"
 
     @property

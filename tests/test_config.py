@@ -18,10 +18,17 @@ from fl_app.config import (
     GROUP_KEYS,
     SCALAR_KEYS,
     AppConfig,
+    BlurSparseConfig,
     ConfigError,
+    NoisyProxConfig,
+    RandKConfig,
+    SMPTopKConfig,
+    StrategyConfig,
+    TopKConfig,
     compose_config,
     load_app_config,
     overrides_from_run_config,
+    upgrade_stored_config,
     validate,
 )
 from fl_app.data.datasets import DATASETS
@@ -362,3 +369,52 @@ def test_to_raw_round_trips_through_validate():
     for overrides in ([], ["strategy=noisy_fedprox", "dataset.max_train_samples=100"], ["strategy=fed_smp_topk"]):
         config = compose_config(overrides)
         assert validate(config.to_raw()) == config
+
+
+# ----- strategy settings: one class per strategy, each validating its own fields ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "settings", "fields"),
+    [
+        ("dp_fedavg", StrategyConfig, {"server_lr"}),
+        ("dp_fedsam_topk", TopKConfig, {"server_lr", "sparsity", "mask_source"}),
+        ("fed_smp_randk", RandKConfig, {"server_lr", "sparsity", "rescale"}),
+        ("fed_smp_topk", SMPTopKConfig, {"server_lr", "sparsity", "mask_source"}),
+        ("dp_fedavg_blurs", BlurSparseConfig, {"server_lr", "blur_coef", "sparsity"}),
+        (
+            "noisy_fedprox",
+            NoisyProxConfig,
+            {
+                "server_lr",
+                "local_steps",
+                "noisy_lr",
+                "lr_schedule",
+                "grad_clip",
+                "noise_std",
+                "smoothness",
+                "prox_coef",
+            },
+        ),
+    ],
+)
+def test_each_strategy_is_validated_for_its_own_settings_only(name: str, settings: type, fields: set[str]) -> None:
+    config = compose_config([f"strategy={name}"])
+    assert type(config.strategy) is settings
+    assert {f.name for f in dataclasses.fields(settings)} - {"name", "target"} == fields
+    # A setting of another strategy is an unknown key here (it would be silently ignored otherwise).
+    foreign = "+strategy.noise_std=0.1" if "noise_std" not in fields else "+strategy.sparsity=0.5"
+    with pytest.raises(ConfigError, match="unknown"):
+        compose_config([f"strategy={name}", foreign])
+
+
+def test_a_stored_config_with_every_strategy_s_flat_settings_still_validates() -> None:
+    """Checkpoints written while every strategy carried every setting resume: the foreign ones were never read."""
+    config = compose_config(["strategy=fed_smp_topk", "strategy.mask_source=global"])
+    raw = config.to_raw()
+    legacy = {**raw, "strategy": {**raw["strategy"], "blur_coef": 1.0, "noise_std": 0.01, "rescale": True,
+                                  "lr_schedule": "constant", "local_steps": 10}}  # fmt: skip
+    with pytest.raises(ConfigError, match="unknown"):
+        validate(legacy)
+    assert validate(upgrade_stored_config(legacy)) == config
+    assert upgrade_stored_config(raw) == raw
