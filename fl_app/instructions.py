@@ -213,7 +213,7 @@ CLIENT_TIMESTAMPS = ("fit_started_unix", "train_started_unix")
 @dataclass
 class CohortReply:
     """The reply to a cohort message, the one place its wire format is written (the ClientApp) and read (the
-    server, which checks what it read: :meth:`strategies.base.FederatedStrategy.screen_cohort_reply`).
+    server, which checks what it read: :func:`strategies.screening.screen_cohort_reply`).
 
     ``total`` is the float64 sum of the accepted clients' updates; ``accepted`` their partitions, with
     ``metrics`` (:data:`COHORT_CLIENT_METRICS`) aligned to them; ``rejected`` the partitions left out, by kind

@@ -36,7 +36,6 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -55,13 +54,11 @@ from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     CLIENT_TIMESTAMPS,
-    COHORT_CLIENT_METRICS,
     STREAM_ADAPTIVE_CLIP,
     STREAM_CLIENT_NOISE,
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
-    CohortReply,
     LocalTrainingConfig,
     NoisyLocalConfig,
     RecipeSpec,
@@ -90,9 +87,9 @@ from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.placement import Placement, placement
 from strategies.population import Population, balance_cohorts
+from strategies.rounds import Contribution, RoundOutcome, RoundPlan
+from strategies.screening import screen
 
-#: Metrics every client reply must carry (clients/numpy_client.py writes them).
-REQUIRED_CLIENT_METRICS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
 #: Round-record fields computed from individual clients' raw values (outside ε): published only with
 #: ``privacy.client_statistics=raw``.
 CLIENT_DERIVED = (
@@ -109,74 +106,6 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 #: Called with the strategy whenever what it has released and accounted changes (after a resume's accounting and
 #: after every round's, before the round's model can leave the server): the ServerApp rewrites run.json.
 AccountedFn = Callable[["FederatedStrategy"], None]
-
-
-@dataclass
-class RoundPlan:
-    """One round as :meth:`FederatedStrategy.plan_round` planned it, and all :meth:`FederatedStrategy.aggregate`
-    needs of it: no per-round state lives on the strategy.
-
-    ``sent`` pairs each train message with the partitions it carries (one client, or a cohort); the grid assigns
-    the message ids on sending, and a reply counts only as the answer to one of these, from the node it went to,
-    once (:meth:`bind`).
-    """
-
-    server_round: int
-    global_weights: list[np.ndarray]
-    instructions: TrainInstructions
-    sampled: int
-    sent: list[tuple[Message, list[int]]] = field(default_factory=list)
-    #: The round's public shared mask (Fed-SMP), None = dense.
-    mask: list[np.ndarray] | None = None
-    #: True when each message carries a cohort of clients and is answered with their sum.
-    cohort_mode: bool = False
-    #: Partitions whose answer is still expected (those the messages carry); binding a reply removes its partitions.
-    awaiting: set[int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.awaiting = {pid for _, ids in self.sent for pid in ids}
-
-    @property
-    def shapes(self) -> list[tuple[int, ...]]:
-        return [tuple(w.shape) for w in self.global_weights]
-
-    @property
-    def messages(self) -> list[Message]:
-        return [message for message, _ in self.sent]
-
-    def bind(self, reply: Message) -> list[int] | None:
-        """The partitions of the message ``reply`` answers, or None if it answers none of this round's messages
-        (a stale reply to an earlier round, a foreign or forged id), comes from another node than the message
-        went to, or answers a message that was already answered. Binding marks the message answered."""
-        reply_to = reply.metadata.reply_to_message_id
-        for message, ids in self.sent:
-            if message.metadata.message_id != reply_to:
-                continue
-            if reply.metadata.src_node_id != message.metadata.dst_node_id or not set(ids) <= self.awaiting:
-                return None
-            self.awaiting -= set(ids)
-            return ids
-        return None
-
-
-@dataclass
-class Contribution:
-    """A screened reply: the sum of its accepted clients' updates (one client's update, or a cohort's sum), those
-    clients with their reported statistics, the partitions it says failed or were rejected (by kind), and how many
-    its worker re-clipped. A per-client reply is a cohort of one."""
-
-    total: list[np.ndarray]
-    clients: list[tuple[int, dict[str, float]]]
-    rejections: dict[str, list[int]] = field(default_factory=dict)
-    reclipped: int = 0
-
-
-@dataclass
-class RoundOutcome:
-    """What aggregation produced, before evaluation and accounting fill in the rest of the record."""
-
-    new_weights: list[np.ndarray]
-    stats: dict[str, Any] = field(default_factory=dict)
 
 
 class FederatedStrategy(Strategy):
@@ -737,70 +666,6 @@ class FederatedStrategy(Strategy):
 
     # ----- the aggregation of steps 5-6 -------------------------------------------------------------------------
 
-    def screen(self, plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contribution | str]:
-        """Step 5's screening of a bound reply (for the partitions ``ids`` its message carried): ("ok",
-        :class:`Contribution`) or (rejection kind, reason), in the reply format of the plan's messages."""
-        if plan.cohort_mode:
-            return self.screen_cohort_reply(plan, reply, ids)
-        return self.screen_reply(plan, reply, ids[0])
-
-    def screen_reply(self, plan: RoundPlan, reply: Message, partition_id: int) -> tuple[str, Contribution | str]:
-        """Classify the reply for ``partition_id`` (the partition its message carried, :meth:`RoundPlan.bind`) as
-        ("ok", a :class:`Contribution` of one client) or (rejection kind, reason).
-
-        Nothing a client sends is trusted: an error, a missing or malformed field, a partition id other than the
-        one its message carried, wrong shapes or dtypes, NaN/Inf anywhere, or a norm that overflows rejects it.
-        """
-        if reply.has_error():
-            return "failed", str(reply.error.reason or "")[:300]
-        try:
-            update = reply.content["arrays"].to_numpy_ndarrays()
-            sent = reply.content["metrics"]
-            if not isinstance(sent, MetricRecord):  # a ConfigRecord could smuggle bools, strings or bytes
-                raise TypeError("metrics must be a MetricRecord")
-            metrics = {k: float(sent[k]) for k in REQUIRED_CLIENT_METRICS}
-            metrics.update({k: float(sent[k]) for k in CLIENT_TIMESTAMPS if k in sent})
-        except Exception as exc:  # anything a client can send (undecodable arrays, wrong record types) is its fault
-            return "malformed", f"missing or non-numeric field ({type(exc).__name__})"
-        if metrics["partition_id"] != partition_id:  # NaN, ±Inf, fractions and other partitions all differ
-            return "malformed", f"reply claims partition {metrics['partition_id']}, its message carried another"
-        if (kind := mech.screen_update(update, plan.shapes)) is not None:
-            return kind, f"the update has {kind} values"
-        if not (math.isfinite(metrics["pre_clip_norm"]) and metrics["pre_clip_norm"] >= 0):
-            return "malformed", f"pre_clip_norm={metrics['pre_clip_norm']}"
-        return "ok", Contribution(total=update, clients=[(partition_id, metrics)])
-
-    def screen_cohort_reply(self, plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contribution | str]:
-        """Classify a cohort reply (for the cohort ``ids`` its message carried) as ("ok", :class:`Contribution`) or
-        (kind, reason). The worker's accounting must cover exactly the cohort it was sent, each partition once; the
-        sum must have the model's shapes and be finite.
-        """
-        if reply.has_error():
-            return "failed", str(reply.error.reason or "")[:300]
-        try:
-            parsed = CohortReply.from_record(reply.content)
-        except Exception as exc:  # anything a client can send (undecodable arrays, wrong record types) is its fault
-            return "malformed", f"cohort reply: missing or non-numeric field ({type(exc).__name__})"
-        total, accepted_ids, stats, rejected = parsed.total, parsed.accepted, parsed.metrics, parsed.rejected
-        worker_reclipped, stamps = parsed.reclipped, parsed.timestamps
-        claimed = accepted_ids + [pid for ids_ in rejected.values() for pid in ids_]
-        aligned = all(len(v) == len(accepted_ids) for v in stats.values())
-        if sorted(claimed) != sorted(float(pid) for pid in ids) or not aligned:
-            return "malformed", f"cohort reply does not account for exactly its partitions {ids[:5]}..."
-        if not all(math.isfinite(v) for v in stats["pre_clip_norm"]) or min(stats["pre_clip_norm"], default=0.0) < 0:
-            return "malformed", "cohort reply has non-finite or negative pre_clip_norm"
-        if not (worker_reclipped.is_integer() and 0 <= worker_reclipped <= len(accepted_ids)):
-            # NaN and ±Inf fail is_integer(); a count outside [0, k] would corrupt the published clip statistics.
-            return "malformed", f"cohort reply claims {worker_reclipped} re-clipped of {len(accepted_ids)} accepted"
-        if (kind := mech.screen_update(total, plan.shapes)) is not None:
-            return kind, f"cohort {ids[:5]}... sent a sum with {kind} values"
-        clients = [
-            (int(pid), {**{k: stats[k][i] for k in COHORT_CLIENT_METRICS}, "partition_id": pid, **stamps})
-            for i, pid in enumerate(accepted_ids)
-        ]
-        rejections = {kind: [int(v) for v in value] for kind, value in rejected.items()}
-        return "ok", Contribution(total=total, clients=clients, rejections=rejections, reclipped=int(worker_reclipped))
-
     def _log_rejection(self, server_round: int, kind: str, reason: str) -> None:
         # Logs are published. A reason can name a partition (an error text a client wrote, a claimed id), and each
         # line counts a client: only runs that publish raw client statistics log them; the others keep the counts
@@ -824,7 +689,7 @@ class FederatedStrategy(Strategy):
                                     "from the node it went to")  # fmt: skip
                 continue
             received += len(ids)
-            kind, screened = self.screen(plan, reply, ids)
+            kind, screened = screen(plan, reply, ids)
             if not isinstance(screened, Contribution):
                 counts[kind] += len(ids)
                 self._log_rejection(server_round, kind, screened)

@@ -32,12 +32,9 @@ from hypothesis import strategies as st
 
 from fl_app.instructions import CLIENT_TIMESTAMPS, COHORT_CLIENT_METRICS
 from fl_app.privacy import mechanisms as mech
-from strategies.base import (
-    REQUIRED_CLIENT_METRICS,
-    FederatedStrategy,
-    RoundOutcome,
-    RoundPlan,
-)
+from strategies.base import FederatedStrategy
+from strategies.rounds import RoundOutcome, RoundPlan
+from strategies.screening import REQUIRED_CLIENT_METRICS
 from tests.helpers import FakeGrid, build, flat, push, reply, train_message, with_norm, zeros
 
 SHAPES: list[tuple[int, ...]] = [(3, 4), (5,)]

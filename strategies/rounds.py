@@ -1,0 +1,81 @@
+"""The data of one round: the plan :meth:`~strategies.base.FederatedStrategy.plan_round` makes and
+:meth:`~strategies.base.FederatedStrategy.aggregate` takes (no per-round state lives on the strategy), a screened
+reply, and what aggregation produced."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+
+from fl_app.instructions import TrainInstructions
+
+
+@dataclass
+class RoundPlan:
+    """One round as :meth:`FederatedStrategy.plan_round` planned it, and all :meth:`FederatedStrategy.aggregate`
+    needs of it: no per-round state lives on the strategy.
+
+    ``sent`` pairs each train message with the partitions it carries (one client, or a cohort); the grid assigns
+    the message ids on sending, and a reply counts only as the answer to one of these, from the node it went to,
+    once (:meth:`bind`).
+    """
+
+    server_round: int
+    global_weights: list[np.ndarray]
+    instructions: TrainInstructions
+    sampled: int
+    sent: list[tuple[Message, list[int]]] = field(default_factory=list)
+    #: The round's public shared mask (Fed-SMP), None = dense.
+    mask: list[np.ndarray] | None = None
+    #: True when each message carries a cohort of clients and is answered with their sum.
+    cohort_mode: bool = False
+    #: Partitions whose answer is still expected (those the messages carry); binding a reply removes its partitions.
+    awaiting: set[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.awaiting = {pid for _, ids in self.sent for pid in ids}
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(w.shape) for w in self.global_weights]
+
+    @property
+    def messages(self) -> list[Message]:
+        return [message for message, _ in self.sent]
+
+    def bind(self, reply: Message) -> list[int] | None:
+        """The partitions of the message ``reply`` answers, or None if it answers none of this round's messages
+        (a stale reply to an earlier round, a foreign or forged id), comes from another node than the message
+        went to, or answers a message that was already answered. Binding marks the message answered."""
+        reply_to = reply.metadata.reply_to_message_id
+        for message, ids in self.sent:
+            if message.metadata.message_id != reply_to:
+                continue
+            if reply.metadata.src_node_id != message.metadata.dst_node_id or not set(ids) <= self.awaiting:
+                return None
+            self.awaiting -= set(ids)
+            return ids
+        return None
+
+
+@dataclass
+class Contribution:
+    """A screened reply: the sum of its accepted clients' updates (one client's update, or a cohort's sum), those
+    clients with their reported statistics, the partitions it says failed or were rejected (by kind), and how many
+    its worker re-clipped. A per-client reply is a cohort of one."""
+
+    total: list[np.ndarray]
+    clients: list[tuple[int, dict[str, float]]]
+    rejections: dict[str, list[int]] = field(default_factory=dict)
+    reclipped: int = 0
+
+
+@dataclass
+class RoundOutcome:
+    """What aggregation produced, before evaluation and accounting fill in the rest of the record."""
+
+    new_weights: list[np.ndarray]
+    stats: dict[str, Any] = field(default_factory=dict)
