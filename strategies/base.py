@@ -48,14 +48,13 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
-from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
+from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, settings_overrides
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     CLIENT_TIMESTAMPS,
     STREAM_ADAPTIVE_CLIP,
-    STREAM_CLIENT_NOISE,
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
@@ -74,15 +73,14 @@ from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.privacy.pipeline import (
-    ClientStep,
     Mechanism,
     ServerStep,
     mechanisms_for,
-    run_client_steps,
     run_server_steps,
 )
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
 from fl_app.server_optimizers import ServerOptimizer
+from strategies.auditing import CanaryAuditor, audit_report
 from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.placement import Placement, placement
@@ -259,9 +257,8 @@ class FederatedStrategy(Strategy):
         self.settings_resolved = False
         #: Releases this run has logged (and accounted), resumed ones included: run.json's ``rounds_released``.
         self.rounds_released = 0
-        #: The run's canary clients (``audit``; created in start()), and the latest evaluation of the audit.
-        self.canaries: CanaryAudit | None = None
-        self.audit_result: AuditResult | None = None
+        #: The run's canary audit (``audit``; created in start()).
+        self.auditor: CanaryAuditor | None = None
 
     def resolve_settings(self, simulation: bool) -> None:
         """Resolve every setting that depends on where the run happens, once, before anything is published.
@@ -755,32 +752,23 @@ class FederatedStrategy(Strategy):
         return total, clients * int(was_reclipped)
 
     def canary_updates(self, plan: RoundPlan) -> list[tuple[int, list[np.ndarray]]]:
-        """This round's canaries (``audit``) after the path a real client's update takes: the recipe's client
-        mechanisms (mask, clip; no noise of its own, so the round's noise stays the accounted σC/m), then
-        :meth:`admit`. Canaries are not counted in the number of clients (m, the top-up noise, statistics)."""
-        if self.canaries is None:
+        """This round's canaries (``audit``) after the path a real client's update takes, then :meth:`admit`
+        (strategies/auditing.py). Canaries are not counted in the number of clients (m, the top-up noise,
+        statistics)."""
+        if self.auditor is None:
             return []
-        # A canary's noise would raise the round's noise above the accounted one; the noise it "owes" in client
-        # placement is covered by the top-up, which counts real clients only.
-        mechanisms = mechanisms_for(plan.instructions.recipe)
-        updates = []
-        for index in self.canaries.participants(plan.server_round):
-            step = ClientStep(
-                clip_norm=plan.instructions.clip_norm,
-                noise_std=None,
-                # The stream a client with this id would draw from (canaries add no noise of their own).
-                rng=mech.random_source(
-                    self.secure_noise,
-                    self.config.seed,
-                    plan.server_round,
-                    STREAM_CLIENT_NOISE,
-                    self.num_clients + index,
-                ),
-                shared_mask=plan.mask,
-            )
-            sent, _ = run_client_steps(mechanisms, self.canaries.update(index, self.clip_norm), step)
-            updates.append((index, self.admit(plan, sent)[0]))
-        return updates
+        sent = self.auditor.updates(plan, self.clip_norm, self.secure_noise, self.num_clients)
+        return [(index, self.admit(plan, update)[0]) for index, update in sent]
+
+    @property
+    def canaries(self) -> CanaryAudit | None:
+        """The run's canary clients (None without ``audit``, or before start())."""
+        return None if self.auditor is None else self.auditor.canaries
+
+    @property
+    def audit_result(self) -> AuditResult | None:
+        """The latest evaluation of the audit."""
+        return None if self.auditor is None else self.auditor.result
 
     @property
     def client_clip_norm(self) -> float:
@@ -859,19 +847,17 @@ class FederatedStrategy(Strategy):
         # Rounds a resumed seeded run re-runs after they were released: {round: digests it may release again}.
         repeatable: dict[int, set[str]] = {}
         if self.config.audit.enabled:
-            self.canaries = CanaryAudit(
-                self.config.audit,
-                run_seed=self.config.seed,
-                sample_rate=p.sample_rate,
-                clip_norm=p.clip_norm,
-                delta=p.delta,
+            self.auditor = CanaryAuditor(
+                self.config,
                 shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
                 directory=None if checkpoint_dir is None else checkpoint_dir / "audit",
             )
         if resume_from is not None:
             self.load_state(resume_from.strategy_state, resume_from.strategy_arrays)
-            if self.canaries is not None:
-                self.canaries.load_state(resume_from.strategy_state, resume_from.strategy_arrays, resume_from.round)
+            if self.auditor is not None:
+                self.auditor.canaries.load_state(
+                    resume_from.strategy_state, resume_from.strategy_arrays, resume_from.round
+                )
             self.rounds_released = int(resume_from.strategy_state.get("releases_logged", resume_from.round))
             if self._releases is not None:
                 # Models released after the checkpoint was written left the server: each counts now. A CSPRNG re-run
@@ -915,8 +901,8 @@ class FederatedStrategy(Strategy):
             t_replies = time.perf_counter()
             outcome = self.aggregate(plan, replies)
             t_aggregated = time.perf_counter()
-            if self.canaries is not None:
-                self.canaries.observe(server_round, plan.global_weights, outcome.new_weights)
+            if self.auditor is not None:
+                self.auditor.round_released(server_round, plan.global_weights, outcome.new_weights)
             release = self.release(server_round, outcome.new_weights) if self.private else None
             if repeat and release is not None and release.digest not in repeatable.pop(server_round):
                 raise ReleaseMismatchError(
@@ -941,8 +927,7 @@ class FederatedStrategy(Strategy):
             record["epsilon"] = self.epsilon() if self.private else None
             record["delta"] = p.delta if self.private else None
             record["noise_multiplier"] = self.noise_multiplier if self.private else None
-            every = self.config.audit.every
-            if self.canaries is not None and (server_round == num_rounds or (every and server_round % every == 0)):
+            if self.auditor is not None and self.auditor.due(server_round, num_rounds):
                 record.update(self.evaluate_audit(server_round))
             evaluated = None
             if evaluate_fn is not None and (server_round % self.config.eval_every == 0 or server_round == num_rounds):
@@ -970,59 +955,22 @@ class FederatedStrategy(Strategy):
     # ----- canary audit (docs/audit.md) -----------------------------------------------------------------------
 
     def evaluate_audit(self, server_round: int) -> dict[str, Any]:
-        """Score the canaries after ``server_round``; a lower bound above the accountant's ε is a privacy bug."""
-        assert self.canaries is not None
+        """Score the canaries after ``server_round`` against the ledger (strategies/auditing.py)."""
+        assert self.auditor is not None
+        return self.auditor.evaluate(server_round, *self._audit_epsilons())
+
+    def _audit_epsilons(self) -> tuple[float | None, Any]:
         epsilon = self.epsilon() if self.private else None
-        epsilon_at = self.ledger.epsilon_at if self.ledger is not None else None
-        self.audit_result = result = self.canaries.evaluate(server_round, epsilon_at)
-        log(
-            INFO,
-            "Audit after round %d: epsilon estimate %.3g (final model), %.3g (all iterates); lower bound %.3g; "
-            "accountant %s",
-            server_round,
-            result.estimate_final.epsilon,
-            result.estimate_iterates.epsilon,
-            result.lower_bound.epsilon,
-            "n/a" if epsilon is None else f"{epsilon:.4g}",
-        )
-        if result.violation:
-            log(
-                ERROR,
-                "PRIVACY VIOLATION: the one-run audit certifies epsilon >= %.4g (delta=%.3g) at %.0f%% confidence, "
-                "above the accountant's %.4g at that delta: a mechanism leaks more than the accountant says",
-                result.lower_bound.epsilon,
-                result.lower_bound.delta,
-                100 * self.config.audit.confidence,
-                result.accountant_epsilon_at_bound_delta,
-            )
-        return result.record()
+        return epsilon, (self.ledger.epsilon_at if self.ledger is not None else None)
 
     def finish_audit(self, checkpoint_dir: Path | None, num_rounds: int) -> None:
         """Evaluate the audit once more if the run stopped early, save ``audit.npz``, drop the kept deltas."""
-        if self.canaries is None:
-            return
-        if unscored := self.canaries.unscored_rounds():
-            self.evaluate_audit(unscored[-1])
-        if checkpoint_dir is not None and self.audit_result is not None:
-            self.canaries.save(checkpoint_dir / AUDIT_FILE, self.audit_result)
-        self.canaries.finish()
+        if self.auditor is not None:
+            self.auditor.finish(checkpoint_dir, *self._audit_epsilons())
 
     def audit_report(self) -> dict[str, Any] | None:
         """``run.json``'s ``audit`` section (None when the run has no canaries)."""
-        if not self.config.audit.enabled:
-            return None
-        report: dict[str, Any] = {
-            "canaries": self.config.audit.canaries,
-            "canary_scale": self.config.audit.canary_scale,
-            "confidence": self.config.audit.confidence,
-        }
-        if self.canaries is not None:
-            report["inserted"] = int(self.canaries.inserted.sum())
-        if self.audit_result is not None:
-            report["after_round"] = self.audit_result.round
-            report["accountant_epsilon"] = self.audit_result.accountant_epsilon
-            report.update({k.removeprefix("audit_"): v for k, v in self.audit_result.record().items()})
-        return report
+        return audit_report(self.config, self.auditor)
 
     # ----- checkpoint state ---------------------------------------------------------------------------------
 
@@ -1033,8 +981,8 @@ class FederatedStrategy(Strategy):
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
         state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self._releases_logged}
         arrays = {"previous_global": list(self.last_round_global), **optimizer_arrays}
-        if self.canaries is not None:
-            audit_state, audit_arrays = self.canaries.state()
+        if self.auditor is not None:
+            audit_state, audit_arrays = self.auditor.canaries.state()
             state.update(audit_state)
             arrays.update(audit_arrays)
         return state, arrays
