@@ -28,6 +28,7 @@ from typing import Any
 
 from bench.pfl_peer import pfl_command, pfl_env, write_replay
 from bench.processes import ROOT, PeakRSSMonitor, kill_processes_mentioning, run_env
+from bench.run import _attempt
 from fl_app.config import compose_config
 from fl_app.metrics import read_metrics
 
@@ -178,22 +179,12 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str = "round
     return float(a[key] / b[key])
 
 
-def _attempt(label: str, errors: dict[str, str], fn: Any, *args: Any) -> dict[str, Any] | None:
-    try:
-        return dict(fn(*args))
-    except Exception as exc:  # recorded in the results and the table, not hidden
-        head, _, rest = str(exc).partition("\n")
-        errors[label] = f"{type(exc).__name__}: {head[:500]}" + (f"\n{rest[-1500:]}" if rest else "")
-        print(f"[bench] {label} failed: {errors[label].splitlines()[0]}", file=sys.stderr)
-        return None
-
-
 def gpu_peer(overrides: list[str], num_rounds: int, tmp: Path, python: str) -> dict[str, Any]:
     """The papers' scale on one GPU, fixed-size cohorts: the app in cohort mode (vectorized engine, the whole GPU)
     against pfl (one worker on the GPU, clients one after another) and the batched loop (bench/batched.py)."""
     import torch
 
-    from bench.run import _loop_cmd, _loop_summary, _run_loop, with_overrides
+    from bench.run import _loop_summary, gpu_batched_loop, with_overrides
 
     errors: dict[str, str] = {}
     part = tmp / "gpu_peer"
@@ -204,12 +195,7 @@ def gpu_peer(overrides: list[str], num_rounds: int, tmp: Path, python: str) -> d
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(0), "overrides": overrides, "rounds": num_rounds}
     result["app_cohort"] = _attempt("app_cohort", errors, app_contender, app_overrides, num_rounds, part, "app")
     result["pfl"] = _attempt("pfl", errors, pfl_contender, overrides, num_rounds, part, "pfl", python, 1, "cuda")
-    batched = _attempt(
-        "batched_loop", errors, _run_loop,
-        _loop_cmd("bench.batched", with_overrides(overrides, f"num_rounds={num_rounds}"), part / "batched.json",
-                  "--device", "cuda"),
-        {**os.environ, **THREAD_ENV}, part / "batched.log",
-    )  # fmt: skip
+    batched = gpu_batched_loop(overrides, num_rounds, part, errors)
     result["batched_loop"] = _loop_summary(batched, num_rounds) if batched else None
     result["ratio_app_over_pfl"] = _ratio(result["app_cohort"], result["pfl"])
     result["ratio_app_over_batched"] = _ratio(result["app_cohort"], result["batched_loop"])

@@ -470,6 +470,15 @@ def _shared_app_runs(overrides: list[str], num_rounds: int, tmp: Path, count: in
     }
 
 
+def gpu_batched_loop(
+    overrides: list[str], num_rounds: int, part: Path, errors: dict[str, str]
+) -> dict[str, Any] | None:
+    """bench/batched.py on the GPU (every client of a round at once: the GPU's limit), or None with the error kept."""
+    cmd = _loop_cmd("bench.batched", with_overrides(overrides, f"num_rounds={num_rounds}"), part / "batched.json",
+                    "--device", "cuda")  # fmt: skip
+    return _attempt("batched_loop", errors, _run_loop, cmd, {**os.environ, **THREAD_ENV}, part / "batched.log")
+
+
 def gpu_paper_scale(overrides: list[str], num_rounds: int, tmp: Path) -> dict[str, Any]:
     """The papers' scale on the GPU: app per client, app cohort mode (whole GPU, half), the batched loop, and three
     cohort-mode runs sharing the GPU."""
@@ -489,12 +498,7 @@ def gpu_paper_scale(overrides: list[str], num_rounds: int, tmp: Path) -> dict[st
         result[name] = _attempt(
             name, errors, _app_run, with_overrides(cuda, *extra), num_rounds, part, name, THREAD_ENV
         )
-    batched = _attempt(
-        "batched_loop", errors, _run_loop,
-        _loop_cmd("bench.batched", with_overrides(overrides, f"num_rounds={num_rounds}"), part / "batched.json",
-                  "--device", "cuda"),
-        {**os.environ, **THREAD_ENV}, part / "batched.log",
-    )  # fmt: skip
+    batched = gpu_batched_loop(overrides, num_rounds, part, errors)
     result["batched_loop"] = _loop_summary(batched, num_rounds) if batched else None
     alone = result["app_cohort_gpus_1"]
     # More rounds than alone, so that the three runs' steady rounds overlap despite their staggered starts.

@@ -62,16 +62,24 @@ class SparseConfig(StrategyConfig):
 
 
 @dataclass(frozen=True)
-class TopKConfig(SparseConfig):
-    """DP-FedSAM-topk: the top-k mask of the noisy update (covered) or of the clean one (not covered)."""
+class MaskedConfig(SparseConfig):
+    """A sparsified method whose mask has a source: one of the class's ``MASK_SOURCES``."""
 
-    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("noisy", "clean")
-    mask_source: str = "noisy"
+    MASK_SOURCES: ClassVar[tuple[str, ...]] = ()
+    mask_source: str = ""
 
     def check(self) -> None:
         super().check()
         require(self.mask_source in self.MASK_SOURCES, "strategy.mask_source", self.mask_source,
                 " | ".join(self.MASK_SOURCES))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TopKConfig(MaskedConfig):
+    """DP-FedSAM-topk: the top-k mask of the noisy update (covered) or of the clean one (not covered)."""
+
+    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("noisy", "clean")
+    mask_source: str = "noisy"
 
 
 @dataclass(frozen=True)
@@ -82,16 +90,11 @@ class RandKConfig(SparseConfig):
 
 
 @dataclass(frozen=True)
-class SMPTopKConfig(SparseConfig):
+class SMPTopKConfig(MaskedConfig):
     """Fed-SMP-topk: each client's own top-k (as published; not covered) or last round's public global top-k."""
 
     MASK_SOURCES: ClassVar[tuple[str, ...]] = ("local", "global")
     mask_source: str = "local"
-
-    def check(self) -> None:
-        super().check()
-        require(self.mask_source in self.MASK_SOURCES, "strategy.mask_source", self.mask_source,
-                " | ".join(self.MASK_SOURCES))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -106,14 +109,8 @@ class BlurConfig(StrategyConfig):
 
 
 @dataclass(frozen=True)
-class BlurSparseConfig(BlurConfig):
-    """DP-FedAvg-blurs: BLUR plus local update sparsification keeping the fraction p per layer."""
-
-    sparsity: float = 0.4
-
-    def check(self) -> None:
-        super().check()
-        require(0 < self.sparsity <= 1, "strategy.sparsity", self.sparsity, "p in (0, 1]")
+class BlurSparseConfig(BlurConfig, SparseConfig):
+    """DP-FedAvg-blurs: BLUR plus local update sparsification keeping the fraction p per layer (both checks)."""
 
 
 @dataclass(frozen=True)
