@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up a fresh machine: a virtualenv with the project and its pinned dependencies, and the Fashion-MNIST data.
+# Set up a fresh machine: a virtualenv with the project and its dependencies (the version ranges of pyproject.toml), and the Fashion-MNIST data.
 # Idempotent: re-running only installs what is missing. Source it or run it; it exits non-zero on failure.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
