@@ -3,7 +3,7 @@
 The server (strategies/base.py) hands each worker a cohort of sampled partitions in one message instead of one
 partition per message. The worker trains them with one of two engines:
 
-* ``sequential`` — one client after another through the per-client path (:func:`clients.numpy_client.train_one`,
+* ``sequential`` — one client after another through the per-client path (:func:`clients.local_update.train_one`,
   one cached model reused): on a CPU this is the per-client path minus the engine's per-message cost;
 * ``vectorized`` — the whole cohort at once on stacked copies of the model (:mod:`clients.vectorized`,
   ``torch.func``): the way to fill a GPU with small clients.
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from clients.faults import inject_fault
-from clients.numpy_client import _model, client_data, client_generator, train_one
+from clients.local_update import _model, client_data, client_generator, train_one
 from clients.recipes import privatize_update
 from clients.regularizers import blur_term
 from clients.training import LocalTrainingResult

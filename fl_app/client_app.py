@@ -1,36 +1,34 @@
-"""Flower ClientApp: hands each train message to the NumPyClient of :mod:`clients.numpy_client`.
+"""Flower ClientApp (Message API: train and query handlers, the non-deprecated path in Flower 1.41).
 
-Uses the Message API (train and query handlers), the non-deprecated path in the pinned Flower; the NumPyClient keeps
-the familiar ``fit(parameters, config)`` contract for the local logic. A message that names several partitions
-(``partition_ids``: cohort mode, issue 12) is trained by :func:`clients.cohort.train_cohort` and answered with the
-cohort's sum and per-client statistics. The same app serves ``flwr run`` simulations, the Hydra entry point and
-real SuperNodes.
+One message format and one reply format: every train message names its partitions (a cohort in simulation's cohort
+mode, a cohort of one per client or per SuperNode) and is trained by :func:`clients.cohort.train_cohort`, which
+privatizes and screens each client on its own and answers with the float64 sum of the accepted clients' updates,
+each client's statistics and the fate of the others. The same app serves ``flwr run`` simulations, the Hydra entry
+point and real SuperNodes. (No ``NumPyClient``: a reply carries several clients' fates and the round's shared mask
+comes with the message, which Flower's NumPyClient contract has no place for.)
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from clients.cohort import train_cohort
-from clients.faults import inject_fault
-from clients.numpy_client import DPClient, LocalTrainingDivergedError
 from fl_app.instructions import CohortReply, TrainInstructions, resolve_cohort_engine
 from fl_app.models import resolve_device
 from fl_app.threads import limit_library_threads
 
 app = ClientApp()
 
-#: Error code of a reply whose local training diverged (loss NaN/Inf); the server counts it as failed.
-ERROR_DIVERGED = 1001
-
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    """Train the partitions the message names (a cohort, or a cohort of one) and answer with their sum, each
+    client's statistics and fate (:class:`fl_app.instructions.CohortReply`)."""
+    fit_started = time.time()
     # torch's threads are the CPUs Ray gave this worker; NumPy's BLAS must not spin on the other cores.
     limit_library_threads(torch.get_num_threads())
     config = msg.content["config"]
@@ -38,28 +36,6 @@ def train(msg: Message, context: Context) -> Message:
     if "mask" in msg.content:
         shared_mask = [m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()]
     parameters = msg.content["arrays"].to_numpy_ndarrays()
-    if "partition_ids" in config:
-        return _train_cohort(msg, parameters, shared_mask)
-    client = DPClient(partition_id=int(config["partition_id"]), shared_mask=shared_mask)
-    fault = str(config.get("fault", ""))
-    if fault == "raise":
-        raise RuntimeError(f"fault injection: client {client.partition_id} raises in fit")
-    try:
-        update, num_examples, metrics = client.fit(parameters, dict(config))
-    except LocalTrainingDivergedError as exc:
-        return Message(Error(code=ERROR_DIVERGED, reason=str(exc)), reply_to=msg)
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord(inject_fault(fault, update)),
-            "metrics": MetricRecord({**metrics, "num_examples": num_examples}),
-        }
-    )
-    return Message(content, reply_to=msg)
-
-
-def _train_cohort(msg: Message, parameters: list[np.ndarray], shared_mask: list[np.ndarray] | None) -> Message:
-    fit_started = time.time()
-    config = msg.content["config"]
     ins = TrainInstructions.from_config(config)
     partition_ids = [int(pid) for pid in config["partition_ids"]]
     faults = [str(f) for f in config["faults"]]

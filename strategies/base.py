@@ -558,13 +558,8 @@ class FederatedStrategy(Strategy):
         groups = cohorts if cohorts is not None else [[pid] for pid in sampled]
         sent = []
         for position, ids in enumerate(groups):
-            faults = [self.config.fault_injection.fault_of(pid) for pid in ids]
-            # A cohort message names its partitions and their faults; a per-client message its one partition.
-            carried = (
-                {"partition_ids": ids, "faults": faults}
-                if cohorts is not None
-                else {"partition_id": ids[0], "fault": faults[0]}
-            )
+            # One message format: a message names its partitions (a cohort, or a cohort of one) and their faults.
+            carried = {"partition_ids": ids, "faults": [self.config.fault_injection.fault_of(pid) for pid in ids]}
             content = RecordDict({"arrays": arrays, "config": ConfigRecord({**record, **config, **carried})})
             if mask is not None:
                 content["mask"] = ArrayRecord([m.astype(np.uint8) for m in mask])

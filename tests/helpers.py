@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 from flwr.superlink.grid import InMemoryGrid
 from hydra.utils import get_class
 
@@ -91,9 +91,10 @@ def push(messages: list[Message], prefix: str = "p") -> list[Message]:
 
 
 def train_message(partition_id: int) -> Message:
-    """The train message of ``partition_id`` as a grid has sent it: to node 1, with message id ``m<partition>``."""
+    """The train message of ``partition_id`` (a cohort of one) as a grid has sent it: to node 1, with message id
+    ``m<partition>``."""
     message = Message(
-        RecordDict({"config": ConfigRecord({"partition_id": partition_id})}),
+        RecordDict({"config": ConfigRecord({"partition_ids": [partition_id], "faults": [""]})}),
         dst_node_id=1,
         message_type=MessageType.TRAIN,
     )
@@ -101,21 +102,26 @@ def train_message(partition_id: int) -> Message:
     return message
 
 
+def partition_of(message: Message) -> int:
+    """The partition of a one-client train message (a cohort of one)."""
+    (pid,) = message.content["config"]["partition_ids"]
+    return int(pid)
+
+
 def reply(
     partition_id: int, update: list[np.ndarray], pre_clip_norm: float | None = None, to: Message | None = None
 ) -> Message:
+    """One client's reply (a cohort of one, accepted) with ``update``."""
     norm = global_l2_norm(update) if pre_clip_norm is None else pre_clip_norm
-    metrics = MetricRecord(
-        {
-            "partition_id": partition_id,
-            "pre_clip_norm": norm,
-            "train_loss": 0.1,
-            "train_accuracy": 0.5,
-            "num_examples": 10,
-        }
+    answer = CohortReply(
+        total=list(update),
+        accepted=[float(partition_id)],
+        metrics={"pre_clip_norm": [norm], "train_loss": [0.1], "train_accuracy": [0.5], "num_steps": [1.0]},
+        rejected={"failed": [], "nonfinite": [], "shape": []},
+        reclipped=0,
+        num_examples=10,
     )
-    content = RecordDict({"arrays": ArrayRecord(update), "metrics": metrics})
-    return Message(content, reply_to=train_message(partition_id) if to is None else to)
+    return Message(answer.to_record(), reply_to=train_message(partition_id) if to is None else to)
 
 
 def cohort_reply(to: Message, partition_ids: list[int], total: list[np.ndarray]) -> Message:
@@ -158,17 +164,12 @@ class FakeGrid:
         replies = []
         for msg in messages:
             shapes = [w.shape for w in msg.content["arrays"].to_numpy_ndarrays()]
-            if "partition_ids" in msg.content["config"]:  # a cohort (simulation grids): its clients' zero sum
-                ids = [int(p) for p in msg.content["config"]["partition_ids"]]
-                round_ids.extend(ids)
-                replies.append(cohort_reply(msg, ids, zeros(shapes)))
-                continue
-            pid = int(msg.content["config"]["partition_id"])
-            round_ids.append(pid)
+            ids = [int(p) for p in msg.content["config"]["partition_ids"]]  # a cohort, or a cohort of one
+            round_ids.extend(ids)
             if self.mode == "errors":
                 replies.append(Message(Error(code=1, reason="boom"), reply_to=msg))
                 continue
-            replies.append(reply(pid, zeros(shapes), pre_clip_norm=0.0, to=msg))
+            replies.append(cohort_reply(msg, ids, zeros(shapes)))
         self.sent.append(sorted(round_ids))
         return replies
 

@@ -262,7 +262,7 @@ def test_cnn_on_cifar_is_rejected_or_runnable(dataset):
 
 def _check_model_accepts_dataset(dataset: str, model: str) -> None:
     """A config that validates must be runnable: the client's model takes a batch of the dataset's images."""
-    from clients.numpy_client import _model
+    from clients.local_update import _model
 
     try:
         config = compose_config([f"dataset={dataset}", f"model={model}"])

@@ -26,7 +26,7 @@ from fl_app.instructions import TrainInstructions
 from fl_app.privacy import audit as stats
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
-from tests.helpers import FakeGrid, build, flat, reply, with_norm, zeros
+from tests.helpers import FakeGrid, build, flat, partition_of, reply, with_norm, zeros
 
 SHAPES: list[tuple[int, ...]] = [(100, 150), (5000,)]  # d = 20,000
 D = 20_000
@@ -45,7 +45,7 @@ class HonestGrid(FakeGrid):
         for i, msg in enumerate(messages):
             msg.metadata.__dict__["_message_id"] = f"h{self.round}-{i}"
         self.round += 1
-        pids = [int(m.content["config"]["partition_id"]) for m in messages]
+        pids = [partition_of(m) for m in messages]
         self.sent.append(sorted(pids))
         return [
             reply(pid, with_norm(SHAPES, 2 * C, seed=1000 * self.round + pid), to=msg)
@@ -64,7 +64,7 @@ class ClientPathGrid(FakeGrid):
         self.sent.append([])
         replies = []
         for msg in messages:
-            pid = int(msg.content["config"]["partition_id"])
+            pid = partition_of(msg)
             self.sent[-1].append(pid)
             sent, _ = privatize_update(zeros(SHAPES), TrainInstructions.from_config(msg.content["config"]), pid)
             replies.append(reply(pid, sent, pre_clip_norm=0.0, to=msg))

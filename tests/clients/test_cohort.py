@@ -1,9 +1,10 @@
 """Tests for clients/cohort.py: a worker trains a cohort of clients (sequential or vectorized engine), privatizes and
 screens each one, and returns the float64 sum in partition order with per-client statistics.
 
-Both engines must give, client by client, what the per-client path gives (``DPClient(pid).fit``: train_one, then the
-recipe), for every recipe kind the strategies use: DP-FedAvg, DP-FedSAM (client placement), ASAM, the BLUR term,
-Noisy-FedProx (absolute noise from the per-client seeded stream) and DP-FedSAM-topk with client-side masks.
+Both engines must give, client by client, what one client on its own gives (:func:`_per_client_path`: train_one,
+then the recipe: the building blocks a cohort of one runs), for every recipe kind the strategies use: DP-FedAvg,
+DP-FedSAM (client placement), ASAM, the BLUR term, Noisy-FedProx (absolute noise from the per-client seeded stream)
+and DP-FedSAM-topk with client-side masks.
 The data are real Fashion-MNIST Dirichlet(0.3) partitions of the first 300 training images, the model the paper CNN.
 
 The engine comparisons train the CNN in float64 (the global weights and the updates stay float32): in float32 the
@@ -27,10 +28,10 @@ import torch
 from torch import nn
 
 import clients.cohort as cohort
-import clients.numpy_client as numpy_client
+import clients.local_update as local_update
 from clients.cohort import CohortResult, train_cohort
 from clients.faults import inject_fault
-from clients.numpy_client import DPClient, LocalTrainingDivergedError
+from clients.local_update import train_one
 from clients.recipes import privatize_update
 from clients.training import NoisyLocalConfig
 from fl_app.config import AppConfig, compose_config
@@ -81,9 +82,10 @@ def global_weights() -> list[np.ndarray]:
 
 @pytest.fixture
 def float64(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every path (both engines and DPClient) trains a float64 CNN on float64 inputs (see the module docstring)."""
+    """Every path (both engines and the per-client building blocks) trains a float64 CNN on float64 inputs (see the
+    module docstring)."""
     models: dict[tuple[str, str, str], nn.Module] = {}
-    real_client_data = numpy_client.client_data
+    real_client_data = local_update.client_data
 
     def model64(name: str, dataset: str, device: str) -> nn.Module:
         if (name, dataset, device) not in models:
@@ -94,7 +96,7 @@ def float64(monkeypatch: pytest.MonkeyPatch) -> None:
         x, y = real_client_data(spec, partition_id)
         return x.double(), y
 
-    for module in (numpy_client, cohort):
+    for module in (local_update, cohort):
         monkeypatch.setattr(module, "_model", model64)
         monkeypatch.setattr(module, "client_data", data64)
 
@@ -247,13 +249,22 @@ def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
 def _per_client_path(
     weights: list[np.ndarray], ins: TrainInstructions, pids: Sequence[int]
 ) -> tuple[list[np.ndarray], dict[int, list[np.ndarray]], dict[int, dict]]:
-    """DPClient.fit per partition, the float64 sum in partition order, and each client's update and metrics."""
+    """Each partition on its own from the building blocks (train_one, then its recipe; the instructions through
+    their wire format), the float64 sum in partition order, and each client's update and metrics."""
     sent: dict[int, list[np.ndarray]] = {}
     metrics: dict[int, dict] = {}
-    record = ins.to_config_record()
+    received = TrainInstructions.from_config(dict(ins.to_config_record()))
     for pid in sorted(pids):
-        update, num_examples, m = DPClient(pid).fit([w.copy() for w in weights], dict(record))
-        sent[pid], metrics[pid] = update, {**m, "num_examples": num_examples}
+        update, result, _ = train_one([w.copy() for w in weights], received, pid)
+        assert not result.diverged
+        sent[pid], norm = privatize_update(update, received, pid)
+        metrics[pid] = {
+            "pre_clip_norm": norm,
+            "train_loss": result.loss,
+            "train_accuracy": result.accuracy,
+            "num_steps": result.num_steps,
+            "num_examples": result.num_examples,
+        }
     total = mech.uniform_sum([sent[pid] for pid in sorted(pids)], [w.shape for w in weights])
     return total, sent, metrics
 
@@ -316,8 +327,8 @@ def test_blur_term_is_active_in_the_cohort(global_weights: list[np.ndarray]) -> 
 
 
 def test_sequential_engine_is_the_per_client_path_bit_for_bit_in_float32(global_weights: list[np.ndarray]) -> None:
-    """With the real (float32) model the sequential engine runs exactly DPClient's computation."""
-    numpy_client._model.cache_clear()
+    """With the real (float32) model the sequential engine runs exactly one client's computation per client."""
+    local_update._model.cache_clear()
     for make in (_dp_fedsam_client_placement, _noisy_fedprox):
         ins = make()
         total, _, metrics = _per_client_path(global_weights, ins, PIDS)
@@ -343,14 +354,14 @@ def test_frozen_parameter_gets_a_zero_update_on_both_engines(
     global_weights: list[np.ndarray], float64: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A parameter with requires_grad=False is exchanged but not trained: Δ = 0 for it on either engine."""
-    model64 = numpy_client._model  # the float64 builder of the fixture
+    model64 = local_update._model  # the float64 builder of the fixture
 
     def frozen(name: str, dataset: str, device: str) -> nn.Module:
         model = model64(name, dataset, device)
         model.features[0].bias.requires_grad_(False)  # type: ignore[index]
         return model
 
-    for module in (numpy_client, cohort):
+    for module in (local_update, cohort):
         monkeypatch.setattr(module, "_model", frozen)
     ins, pids = _dp_fedavg(), [5, 4]
     raw = {}
@@ -409,7 +420,7 @@ def test_client_placement_does_not_reclip(global_weights: list[np.ndarray]) -> N
 
 def _poison_partition(monkeypatch: pytest.MonkeyPatch, poisoned_id: int) -> None:
     """Every image of partition ``poisoned_id`` gets an Inf pixel: its first step has a non-finite loss."""
-    real = numpy_client.client_data  # the float64 one where that fixture is active
+    real = local_update.client_data  # the float64 one where that fixture is active
 
     def poisoned(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = real(spec, partition_id)
@@ -418,7 +429,7 @@ def _poison_partition(monkeypatch: pytest.MonkeyPatch, poisoned_id: int) -> None
             x[:, 0, 14, 14] = math.inf
         return x, y
 
-    monkeypatch.setattr(numpy_client, "client_data", poisoned)
+    monkeypatch.setattr(local_update, "client_data", poisoned)
     monkeypatch.setattr(cohort, "client_data", poisoned)
 
 
@@ -440,8 +451,7 @@ def test_diverging_client_is_dropped_alone(
     ins = CASES[case]()
     clean = train_cohort(global_weights, ins, [5, 4], ["", ""], engine)  # type: ignore[arg-type]
     _poison_partition(monkeypatch, 2)
-    with pytest.raises(LocalTrainingDivergedError):
-        DPClient(2).fit([w.copy() for w in global_weights], dict(ins.to_config_record()))
+    assert train_one([w.copy() for w in global_weights], ins, 2)[1].diverged
     result = train_cohort(global_weights, ins, PIDS, ["", "", ""], engine)  # type: ignore[arg-type]
     assert result.rejected == {"failed": [2], "nonfinite": [], "shape": []}
     assert result.accepted == clean.accepted == [4, 5]

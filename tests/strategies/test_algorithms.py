@@ -29,7 +29,19 @@ from strategies.base import FederatedStrategy, RoundPlan
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
-from tests.helpers import FakeGrid, build, delta, flat, prime, push, random_update, reply, with_norm, zeros
+from tests.helpers import (
+    FakeGrid,
+    build,
+    delta,
+    flat,
+    partition_of,
+    prime,
+    push,
+    random_update,
+    reply,
+    with_norm,
+    zeros,
+)
 
 SHAPES = [(1000,), (20, 30), (7,)]
 P = 0.4
@@ -181,7 +193,7 @@ def test_fed_smp_randk_round_trip_through_client_recipe():
     replies = []
     for msg in messages:
         config = msg.content["config"]
-        pid = int(config["partition_id"])
+        pid = partition_of(msg)
         ins = TrainInstructions.from_config(dict(config))
         mask = [m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()]
         sent, norm = privatize_update(with_norm(SHAPES, 1.0, seed=pid), ins, pid, mask)

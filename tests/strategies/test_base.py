@@ -34,6 +34,7 @@ from tests.helpers import (
     delta,
     error_reply,
     flat,
+    partition_of,
     prime,
     random_update,
     reply,
@@ -477,7 +478,7 @@ def test_configure_train_sends_sampled_clients_their_instructions(overrides, opt
     weights = random_update(SMALL_SHAPES, 1.0, seed=0)
     messages = list(strategy.configure_train(3, ArrayRecord(weights), ConfigRecord(), grid))
     sampled = strategy.sample_clients(3)
-    assert [int(m.content["config"]["partition_id"]) for m in messages] == sampled.tolist()
+    assert [partition_of(m) for m in messages] == sampled.tolist()
     plan = strategy.plan_round(3, ArrayRecord(weights), ConfigRecord())  # what configure_train returned, as a plan
     assert plan.sampled == len(messages) == len(sampled) and len(plan.messages) == len(messages)
     assert [m.metadata.dst_node_id for m in messages] == [(1, 2)[i % 2] for i in range(len(messages))]

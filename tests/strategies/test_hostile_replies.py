@@ -34,8 +34,7 @@ from fl_app.instructions import CLIENT_TIMESTAMPS, COHORT_CLIENT_METRICS
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
 from strategies.rounds import RoundOutcome, RoundPlan
-from strategies.screening import REQUIRED_CLIENT_METRICS
-from tests.helpers import FakeGrid, build, flat, push, reply, train_message, with_norm, zeros
+from tests.helpers import FakeGrid, build, flat, partition_of, push, reply, train_message, with_norm, zeros
 
 SHAPES: list[tuple[int, ...]] = [(3, 4), (5,)]
 GLOBAL = zeros(SHAPES)
@@ -96,11 +95,25 @@ def _configure(strategy: FederatedStrategy, server_round: int) -> list[Message]:
 
 
 def _pid(message: Message) -> int:
-    return int(message.content["config"]["partition_id"])
+    return partition_of(message)
 
 
 def _ids(message: Message) -> list[int]:
     return [int(p) for p in message.content["config"]["partition_ids"]]
+
+
+#: A one-client reply's fields as these tests state them: the partition and the client's statistics.
+ONE_CLIENT_FIELDS = ("partition_id", "pre_clip_norm", "train_loss", "train_accuracy")
+#: Where each of them goes in the reply format (fl_app.instructions.CohortReply: a cohort of one).
+WIRE_KEY = {"partition_id": "cohort_ids", "pre_clip_norm": "pre_clip_norm", "train_loss": "train_loss",
+            "train_accuracy": "train_accuracy"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Wire:
+    """A value sent exactly as given, in the reply format's own shape (not as one client's statistic)."""
+
+    value: Any
 
 
 def _metrics(partition_id: Any, update: Sequence[np.ndarray] | None = None, **changes: Any) -> dict[str, Any]:
@@ -110,11 +123,31 @@ def _metrics(partition_id: Any, update: Sequence[np.ndarray] | None = None, **ch
     return metrics
 
 
+def _wire(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A one-client reply's fields (:func:`_metrics`) in the reply format, a cohort of one: each stated value v of
+    :data:`ONE_CLIENT_FIELDS` becomes the list [v]; a :class:`Wire` value goes as it is; a field left out stays
+    out; the rest (``num_examples``, time stamps) are sent as stated."""
+    wire: dict[str, Any] = {"num_steps": [1.0], "failed_ids": [], "nonfinite_ids": [], "shape_ids": [], "reclipped": 0}
+    for key, value in metrics.items():
+        name = WIRE_KEY.get(key, key)
+        if isinstance(value, Wire):
+            wire[name] = value.value
+        else:
+            wire[name] = [value] if key in WIRE_KEY else value
+    return wire
+
+
 def _message(to: Message, arrays: Any, metrics: Any) -> Message:
     """A reply to ``to`` (from the node ``to`` went to); lists and dicts become Array-/MetricRecords."""
     arrays = ArrayRecord(list(arrays)) if isinstance(arrays, list) else arrays
     metrics = MetricRecord(metrics) if isinstance(metrics, dict) else metrics
     return Message(RecordDict({"arrays": arrays, "metrics": metrics}), reply_to=to)
+
+
+def _client_message(to: Message, arrays: Any, metrics: Any) -> Message:
+    """One client's reply to ``to``: :func:`_message` with a one-client field dict (:func:`_metrics`) in the reply
+    format (:func:`_wire`)."""
+    return _message(to, arrays, _wire(metrics) if isinstance(metrics, dict) else metrics)
 
 
 def _from_node(message: Message, node: int) -> Message:
@@ -197,7 +230,9 @@ def _round_with_one_bad_reply(bad: Callable[[Message], Message]) -> tuple[RoundO
 )
 def test_finite_values_whose_norm_overflows_are_rejected_as_nonfinite(update: list[np.ndarray]) -> None:
     assert mech.is_finite_update(update) and not math.isfinite(mech.global_l2_norm(update))
-    outcome, others = _round_with_one_bad_reply(lambda m: _message(m, update, _metrics(_pid(m), pre_clip_norm=1.0)))
+    outcome, others = _round_with_one_bad_reply(
+        lambda m: _client_message(m, update, _metrics(_pid(m), pre_clip_norm=1.0))
+    )
     _assert_round(outcome, others, nonfinite=1)
 
 
@@ -206,7 +241,7 @@ def test_a_huge_but_finite_update_is_clipped_to_c_not_rejected() -> None:
     strategy = _strategy()
     plan = _plan(strategy, 1)
     messages = plan.messages
-    outcome = strategy.aggregate(plan, [_message(messages[0], huge, _metrics(_pid(messages[0]), huge))])
+    outcome = strategy.aggregate(plan, [_client_message(messages[0], huge, _metrics(_pid(messages[0]), huge))])
     assert outcome.stats["aggregated"] == 1 and outcome.stats["reclipped"] == 1
     assert mech.global_l2_norm(outcome.new_weights) <= C / M * (1 + 1e-6)
     assert mech.global_l2_norm(outcome.new_weights) == pytest.approx(C / M, rel=1e-4)
@@ -218,7 +253,7 @@ def test_a_float16_update_is_clipped_to_a_tiny_c_not_crashing_the_round() -> Non
     strategy = _strategy("privacy.clip_norm=1e-6")
     plan = _plan(strategy, 1)
     messages = plan.messages
-    outcome = strategy.aggregate(plan, [_message(messages[0], update, _metrics(_pid(messages[0]), update))])
+    outcome = strategy.aggregate(plan, [_client_message(messages[0], update, _metrics(_pid(messages[0]), update))])
     assert outcome.stats["aggregated"] == 1 and outcome.stats["reclipped"] == 1
     assert mech.global_l2_norm(outcome.new_weights) <= 1e-6 / M * (1 + 1e-6)
 
@@ -228,7 +263,7 @@ def test_a_float16_update_is_clipped_to_a_tiny_c_not_crashing_the_round() -> Non
 
 @pytest.mark.parametrize(
     "claim",
-    ["nan", "+inf", "-inf", "fractional", "negative", "another-sampled", "unsampled", "uint64-max", "as-list"],
+    ["nan", "+inf", "-inf", "fractional", "negative", "another-sampled", "unsampled", "uint64-max", "twice"],
 )
 def test_a_partition_id_other_than_the_one_its_message_carried_is_malformed(claim: str) -> None:
     def bad(message: Message) -> Message:
@@ -242,10 +277,10 @@ def test_a_partition_id_other_than_the_one_its_message_carried_is_malformed(clai
             "another-sampled": next(p for p in sampled if p != pid),
             "unsampled": NUM_CLIENTS + pid,
             "uint64-max": 2**64 - 1,
-            "as-list": [pid],
+            "twice": Wire([pid, pid]),
         }[claim]
         update = _honest_update(pid)
-        return _message(message, update, _metrics(value, update))
+        return _client_message(message, update, _metrics(value, update))
 
     sampled = [int(p) for p in _strategy().sample_clients(1)]
     outcome, others = _round_with_one_bad_reply(bad)
@@ -280,9 +315,9 @@ def test_a_node_cannot_answer_for_a_partition_assigned_to_another_node() -> None
     liars_message = next(m for m in messages if m.metadata.dst_node_id == liar_node)
     huge = with_norm(SHAPES, 1e3, seed=99)
     # 1. The liar node answers the target's message itself (its src node is not the node the message went to).
-    forged = _from_node(_message(target, huge, _metrics(_pid(target), huge)), liar_node)
+    forged = _from_node(_client_message(target, huge, _metrics(_pid(target), huge)), liar_node)
     # 2. The liar node answers its own message, claiming the target's partition.
-    claimed = _message(liars_message, huge, _metrics(_pid(target), huge))
+    claimed = _client_message(liars_message, huge, _metrics(_pid(target), huge))
     genuine = [_honest(m) for m in messages if m is not liars_message]
     outcome = strategy.aggregate(plan, [forged, claimed, *genuine])
     # The target's genuine reply, arriving after both lies, is accepted: neither lie used up its message.
@@ -327,26 +362,31 @@ def test_a_second_answer_to_a_message_is_rejected_and_the_first_kept(second: str
 # ----- (f) metric values of wrong types, int arrays, empty array records -------------------------------------------
 
 
-@pytest.mark.parametrize("key", [*REQUIRED_CLIENT_METRICS, *CLIENT_TIMESTAMPS])
-@pytest.mark.parametrize("value", [[], [1.0], [0.0, 0.0], [3]], ids=["empty", "one-float", "two-floats", "one-int"])
-def test_a_list_where_a_scalar_metric_is_expected_is_malformed(key: str, value: list[Any]) -> None:
+@pytest.mark.parametrize("key", [*ONE_CLIENT_FIELDS, *CLIENT_TIMESTAMPS])
+@pytest.mark.parametrize("shape", ["empty", "two", "other-kind"])
+def test_a_field_of_the_wrong_shape_is_malformed(key: str, shape: str) -> None:
+    """One client's statistics are lists of one in the reply format, its time stamps scalars: an empty list, a list
+    of two, or a scalar where a list belongs (a list where a scalar belongs) is malformed."""
+    listed = key in WIRE_KEY
+    value = {"empty": [], "two": [1.0, 1.0], "other-kind": 1.0 if listed else [1.0]}[shape]
+
     def bad(message: Message) -> Message:
         update = _honest_update(_pid(message))
         metrics = _metrics(_pid(message), update)
-        metrics[key] = value
-        return _message(message, update, metrics)
+        metrics[key] = Wire(value)
+        return _client_message(message, update, metrics)
 
     outcome, others = _round_with_one_bad_reply(bad)
     _assert_round(outcome, others, malformed=1)
 
 
-@pytest.mark.parametrize("key", REQUIRED_CLIENT_METRICS)
+@pytest.mark.parametrize("key", ONE_CLIENT_FIELDS)
 def test_a_missing_metric_is_malformed(key: str) -> None:
     def bad(message: Message) -> Message:
         update = _honest_update(_pid(message))
         metrics = _metrics(_pid(message), update)
         del metrics[key]
-        return _message(message, update, metrics)
+        return _client_message(message, update, metrics)
 
     outcome, others = _round_with_one_bad_reply(bad)
     _assert_round(outcome, others, malformed=1)
@@ -382,7 +422,7 @@ def test_metrics_of_another_record_type_with_bools_or_strings_are_malformed(valu
     update = _honest_update(pid)
     metrics = _metrics(pid, update)
     metrics.update({k: {"BOOL": bool(pid), "STR": str(pid)}.get(v, v) for k, v in values.items()})
-    bad = _message(first, update, ConfigRecord(metrics))
+    bad = _message(first, update, ConfigRecord(_wire(metrics)))
     outcome = strategy.aggregate(plan, [bad, *[_honest(m) for m in messages if m is not first]])
     _assert_round(outcome, [_pid(m) for m in messages if m is not first], malformed=1)
 
@@ -391,14 +431,14 @@ def test_metrics_of_another_record_type_with_bools_or_strings_are_malformed(valu
 def test_arrays_of_a_non_floating_dtype_are_rejected_as_shape(dtype: type) -> None:
     def bad(message: Message) -> Message:
         update = [np.ones(s, dtype=dtype) for s in SHAPES]
-        return _message(message, update, _metrics(_pid(message), pre_clip_norm=1.0))
+        return _client_message(message, update, _metrics(_pid(message), pre_clip_norm=1.0))
 
     outcome, others = _round_with_one_bad_reply(bad)
     _assert_round(outcome, others, shape=1)
 
 
 def test_an_empty_array_record_is_rejected_as_shape() -> None:
-    outcome, others = _round_with_one_bad_reply(lambda m: _message(m, ArrayRecord(), _metrics(_pid(m))))
+    outcome, others = _round_with_one_bad_reply(lambda m: _client_message(m, ArrayRecord(), _metrics(_pid(m))))
     _assert_round(outcome, others, shape=1)
 
 
@@ -410,14 +450,14 @@ def test_an_empty_array_record_is_rejected_as_shape() -> None:
     ],
 )
 def test_an_arrays_entry_that_is_not_an_array_record_is_rejected(arrays: Callable[[], Any]) -> None:
-    outcome, others = _round_with_one_bad_reply(lambda m: _message(m, arrays(), _metrics(_pid(m))))
+    outcome, others = _round_with_one_bad_reply(lambda m: _client_message(m, arrays(), _metrics(_pid(m))))
     assert outcome.stats["rejected_malformed"] + outcome.stats["rejected_shape"] == 1
     assert outcome.stats["aggregated"] == len(others) and outcome.stats["failed"] == 0
 
 
 def test_a_metrics_entry_that_is_an_array_record_is_malformed() -> None:
     def bad(message: Message) -> Message:
-        return _message(message, _honest_update(_pid(message)), ArrayRecord(zeros(SHAPES)))
+        return _client_message(message, _honest_update(_pid(message)), ArrayRecord(zeros(SHAPES)))
 
     outcome, others = _round_with_one_bad_reply(bad)
     _assert_round(outcome, others, malformed=1)
@@ -438,7 +478,7 @@ def test_a_metrics_entry_that_is_an_array_record_is_malformed() -> None:
     ],
 )
 def test_array_bytes_that_do_not_decode_are_rejected(record: Callable[[], ArrayRecord]) -> None:
-    outcome, others = _round_with_one_bad_reply(lambda m: _message(m, record(), _metrics(_pid(m))))
+    outcome, others = _round_with_one_bad_reply(lambda m: _client_message(m, record(), _metrics(_pid(m))))
     assert outcome.stats["rejected_malformed"] + outcome.stats["rejected_shape"] == 1
     assert outcome.stats["aggregated"] == len(others) and outcome.stats["failed"] == 0
 
@@ -702,7 +742,9 @@ def _client_payload(draw: st.DrawFn, to: Message, sampled: Sequence[int]) -> tup
     if kind == "update":
         arrays = draw(UPDATES)
         claimed = draw(st.one_of(st.just(0.0), st.floats(0.0, 1e300)))  # a lie about the norm changes nothing
-        return _message(to, arrays, _metrics(pid, pre_clip_norm=claimed)), tuple({f: 1} for f in array_fates(arrays))
+        return _client_message(to, arrays, _metrics(pid, pre_clip_norm=claimed)), tuple(
+            {f: 1} for f in array_fates(arrays)
+        )
     update = with_norm(SHAPES, draw(st.sampled_from((0.0, 0.1, 1.0, 1e3, 1e30))), seed=pid)
     metrics = _metrics(pid, update)
     corruption = draw(st.sampled_from(("partition_id", "pre_clip_norm", "missing", "list")))
@@ -713,11 +755,12 @@ def _client_payload(draw: st.DrawFn, to: Message, sampled: Sequence[int]) -> tup
     elif corruption == "pre_clip_norm":
         metrics["pre_clip_norm"] = draw(st.sampled_from((math.nan, math.inf, -math.inf, -1.0, -1e-300)))
     elif corruption == "missing":
-        del metrics[draw(st.sampled_from(REQUIRED_CLIENT_METRICS))]
-    else:
-        key = draw(st.sampled_from((*REQUIRED_CLIENT_METRICS, *CLIENT_TIMESTAMPS)))
-        metrics[key] = draw(st.sampled_from(([], [1.0], [float(pid)], [pid, pid])))
-    return _message(to, update, metrics), ({"rejected_malformed": 1},)
+        del metrics[draw(st.sampled_from(ONE_CLIENT_FIELDS))]
+    else:  # a field of the wrong shape (a statistic is a list of one, a time stamp a scalar)
+        key = draw(st.sampled_from((*ONE_CLIENT_FIELDS, *CLIENT_TIMESTAMPS)))
+        wrong = ([], [float(pid), float(pid)], float(pid)) if key in WIRE_KEY else ([], [1.0], [float(pid)])
+        metrics[key] = Wire(draw(st.sampled_from(wrong)))
+    return _client_message(to, update, metrics), ({"rejected_malformed": 1},)
 
 
 @SETTINGS
@@ -730,7 +773,7 @@ def test_hostile_client_replies_never_raise_are_counted_and_move_the_average_by_
     earlier = _configure(strategy, server_round - 1)
     messages = _configure(strategy, server_round)
     _configure(reference, server_round)
-    assert all("partition_id" in m.content["config"] for m in messages)  # one client per message
+    assert all(len(m.content["config"]["partition_ids"]) == 1 for m in messages)  # one client per message
     sampled = [_pid(m) for m in messages]
     roles = data.draw(
         st.lists(st.sampled_from(("honest", "honest", "hostile", "hostile", "silent")), min_size=len(messages),
@@ -858,6 +901,11 @@ def _cohort_payload(draw: st.DrawFn, to: Message) -> tuple[Message, Fates]:
         metrics["reclipped"] = [0.0]
     metrics = {key: _homogeneous(v) if isinstance(v, list) else v for key, v in metrics.items()}
     message = _message(to, total, metrics)
+    if lie in ("bad-norm", "bad-reclipped"):
+        # Lies about the statistics' values are screened after the sum (strategies/screening.py: structure, then the
+        # sum, then the values), so a sum that is rejected on its own is counted as what it is.
+        fates_of_sum = array_fates(total)
+        return message, tuple({"rejected_malformed" if f == "aggregated" else f: len(ids)} for f in fates_of_sum)
     if lie != "none":
         return message, ({"rejected_malformed": len(ids)},)
     fates: list[dict[str, int]] = []

@@ -11,14 +11,14 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-from clients.numpy_client import client_generator
+from clients.local_update import client_generator
 from fl_app.checkpoint import load_checkpoint
 from fl_app.config import ConfigError
 from fl_app.instructions import TrainInstructions
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import compute_epsilon
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest
-from tests.helpers import FakeGrid, build, push, random_update, zeros
+from tests.helpers import FakeGrid, build, partition_of, push, random_update, zeros
 
 SHAPES = [(20, 30), (30,)]
 POP = ("dataset.num_clients=1000", "privacy.sample_rate=0.5")
@@ -36,13 +36,13 @@ def test_secure_randomness_sends_no_seed_and_samples_differently_every_time():
         config = message.content["config"]
         assert "seed" not in config  # nothing a client receives re-derives the sampling or any noise
         assert TrainInstructions.from_config(dict(config)).seed is None
-    ids = [sorted(int(m.content["config"]["partition_id"]) for m in ms) for ms in (first, second)]
+    ids = [sorted(partition_of(m) for m in ms) for ms in (first, second)]
     assert ids[0] != ids[1]  # same config, same round: equal with probability 2^-1000
     assert secure[0].dp_guarantee()["sampling_source"] == "os-csprng"
 
     seeded = [build("strategy=dp_fedavg", *POP) for _ in range(2)]
     a, b = (_messages(s) for s in seeded)
-    assert [m.content["config"]["partition_id"] for m in a] == [m.content["config"]["partition_id"] for m in b]
+    assert [partition_of(m) for m in a] == [partition_of(m) for m in b]
     assert all(m.content["config"]["seed"] == 0 for m in a)
     assert seeded[0].dp_guarantee()["sampling_source"].startswith("seeded-prng")
     assert "seed stays secret" in seeded[0].dp_guarantee()["sampling_source"]

@@ -1,8 +1,9 @@
-"""The Flower NumPyClient: receive the global model and the round's instructions, train locally, privatize.
+"""One client's local update in a worker process: its data, the model, its shuffle stream, and the training.
 
-One process (a Ray worker in simulation, a SuperNode in deployment) keeps its dataset and model in memory
-across rounds (:func:`_train_data`, :func:`_model`): a round costs an index lookup and a weight copy, not a
-dataset read or a model build.
+:func:`train_one` trains one client from the global model; the sequential cohort engine (clients/cohort.py) runs it
+for each client of a message, then privatizes and screens each. One process (a Ray worker in simulation, a SuperNode
+in deployment) keeps its dataset and model in memory across rounds (:func:`_train_data`, :func:`_model`): a round
+costs an index lookup and a weight copy, not a dataset read or a model build.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ import time
 
 import numpy as np
 import torch
-from flwr.client import NumPyClient
 from torch import nn
 
-from clients.recipes import privatize_update
 from clients.regularizers import make_blur_loss
 from clients.training import LocalTrainingResult, train_local, train_local_noisy
 from fl_app.data.datasets import TensorData, load_dataset
@@ -23,10 +22,6 @@ from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
 from fl_app.models import build_model_for_dataset, get_weights, resolve_device, set_weights
 from fl_app.privacy.mechanisms import random_source
-
-
-class LocalTrainingDivergedError(RuntimeError):
-    """The local loss became NaN/Inf; the client reports failure instead of sending a non-finite update."""
 
 
 def _train_data(spec: DataSpec) -> TensorData:
@@ -95,34 +90,3 @@ def train_one(
         )  # fmt: skip
     update = [new - old for new, old in zip(get_weights(model), parameters, strict=True)]
     return update, result, train_started
-
-
-class DPClient(NumPyClient):
-    """Local training (SGD or SAM, optionally with the BLUR term; or the Noisy-FedAvg/FedProx local steps), then
-    the client-side recipe of :mod:`clients.recipes`."""
-
-    def __init__(self, partition_id: int, shared_mask: list[np.ndarray] | None = None) -> None:
-        self.partition_id = partition_id
-        self.shared_mask = shared_mask
-
-    def fit(self, parameters: list[np.ndarray], config: dict) -> tuple[list[np.ndarray], int, dict]:
-        fit_started = time.time()
-        ins = TrainInstructions.from_config(config)
-        # Wall-clock stamps (seconds since the epoch) for startup profiling: fit entry, then the first local step
-        # (bench/ reports the difference as the worker's setup cost).
-        update, result, train_started = train_one(parameters, ins, self.partition_id)
-        if result.diverged:
-            raise LocalTrainingDivergedError(
-                f"client {self.partition_id}: local loss became non-finite in round {ins.server_round}"
-            )
-        sent, pre_clip_norm = privatize_update(update, ins, self.partition_id, self.shared_mask)
-        metrics = {
-            "partition_id": self.partition_id,
-            "pre_clip_norm": pre_clip_norm,
-            "train_loss": result.loss,
-            "train_accuracy": result.accuracy,
-            "num_steps": result.num_steps,
-            "fit_started_unix": fit_started,
-            "train_started_unix": train_started,
-        }
-        return sent, result.num_examples, metrics
