@@ -27,6 +27,8 @@ STREAM_CLIENT_SHUFFLE = 3
 STREAM_ROUND_MASK = 4
 STREAM_STATISTICS = 5
 STREAM_ADAPTIVE_CLIP = 6
+#: The canaries' participation (the audit's clients, drawn by the real clients' sampler: strategies/auditing.py).
+STREAM_CANARY_SAMPLING = 7
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ class CanaryAuditor:
         self.canaries = CanaryAudit(
             config.audit,
             run_seed=config.seed,
-            sample_rate=p.sample_rate,
             clip_norm=p.clip_norm,
             delta=p.delta,
             shapes=shapes,
@@ -43,16 +42,17 @@ class CanaryAuditor:
         self.result: AuditResult | None = None
 
     def updates(
-        self, plan: RoundPlan, clip_norm: float, secure: bool, first_id: int
+        self, plan: RoundPlan, sampled: np.ndarray, clip_norm: float, secure: bool, first_id: int
     ) -> list[tuple[int, list[np.ndarray]]]:
-        """This round's canaries as a real client would send them: the recipe's client mechanisms (mask, clip; no
+        """This round's canaries as a real client would send them: the inserted ones among ``sampled`` (the canary
+        indices the strategy's sampler drew for the round), through the recipe's client mechanisms (mask, clip; no
         noise of their own, so the round's noise stays the accounted σC/m). The strategy then admits each as it
         admits a reply. Canary i has client id ``first_id + i`` (after every real client)."""
         # A canary's noise would raise the round's noise above the accounted one; the noise it "owes" in client
         # placement is covered by the top-up, which counts real clients only.
         mechanisms = mechanisms_for(plan.instructions.recipe)
         updates = []
-        for index in self.canaries.participants(plan.server_round):
+        for index in self.canaries.join(plan.server_round, sampled):
             step = ClientStep(
                 clip_norm=plan.instructions.clip_norm,
                 noise_std=None,
@@ -100,7 +100,32 @@ class CanaryAuditor:
                 100 * self.config.audit.confidence,
                 result.accountant_epsilon_at_bound_delta,
             )
+        if result.alarm:
+            log(
+                ERROR,
+                "PRIVACY ALARM: the canary audit estimates epsilon >= %.4g (the larger lower end of its two %.0f%% "
+                "intervals), above the accountant's %.4g at delta=%.3g: a mechanism may leak more than the accountant "
+                "says (an estimate, not a proof; docs/audit.md)",
+                result.alarm_epsilon,
+                100 * self.config.audit.confidence,
+                result.accountant_epsilon,
+                self.config.privacy.delta,
+            )
         return result.record()
+
+    def warning(self) -> str | None:
+        """What the printed guarantee must carry next to it when the audit contradicts it (None when it does not)."""
+        result = self.result
+        if result is None:
+            return None
+        if result.violation:
+            return (
+                f"PRIVACY VIOLATION: the canary audit certifies epsilon >= {result.lower_bound.epsilon:.4g} at "
+                f"delta={result.lower_bound.delta:.3g}"
+            )
+        if result.alarm:
+            return f"PRIVACY ALARM: the canary audit estimates epsilon >= {result.alarm_epsilon:.4g}"
+        return None
 
     def finish(
         self, checkpoint_dir: Path | None, epsilon: float | None, epsilon_at: Callable[[float], float] | None

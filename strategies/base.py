@@ -55,6 +55,7 @@ from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     CLIENT_TIMESTAMPS,
     STREAM_ADAPTIVE_CLIP,
+    STREAM_CANARY_SAMPLING,
     STREAM_SAMPLING,
     STREAM_SERVER_NOISE,
     STREAM_STATISTICS,
@@ -335,6 +336,8 @@ class FederatedStrategy(Strategy):
         claim = self.ledger.claim()
         statement = claim.pop("statement")
         reason = self.not_covered_reason()
+        if self.auditor is not None and (warning := self.auditor.warning()) is not None:
+            statement = f"{statement} -- {warning}"  # never the guarantee without the audit's contradiction
         return {
             "dp_guarantee": self.ledger.uncovered(reason) if reason else statement,
             **claim,
@@ -496,13 +499,18 @@ class FederatedStrategy(Strategy):
         seeded stream (seed, round, purpose) (:func:`fl_app.privacy.mechanisms.random_source` decides)."""
         return mech.random_source(self.secure_noise, self.config.seed, server_round, purpose)
 
-    def sample_clients(self, server_round: int) -> np.ndarray:
-        # Secret when randomness is secure: amplification by subsampling assumes nobody can tell who took part.
-        rng = self.round_rng(server_round, STREAM_SAMPLING)
+    def sample(self, population: int, rng: mech.RandomSource) -> np.ndarray:
+        """The round's sampler (SPEC §1) over ``population`` clients: each with probability q (Poisson), or
+        round(q · population) of them uniformly (fixed size). The real clients and the audit's canaries are both
+        drawn by this code, so whatever it does to one it does to the other (docs/audit.md)."""
         p = self.config.privacy
         if p.sampling == "fixed":
-            return mech.fixed_size_sample(self.num_clients, int(self.expected_clients), rng)
-        return mech.poisson_sample(self.num_clients, p.sample_rate, rng)
+            return mech.fixed_size_sample(population, round(p.sample_rate * population), rng)
+        return mech.poisson_sample(population, p.sample_rate, rng)
+
+    def sample_clients(self, server_round: int) -> np.ndarray:
+        # Secret when randomness is secure: amplification by subsampling assumes nobody can tell who took part.
+        return self.sample(self.num_clients, self.round_rng(server_round, STREAM_SAMPLING))
 
     def _noise_rng(self, server_round: int) -> mech.RandomSource:
         return self.round_rng(server_round, STREAM_SERVER_NOISE)
@@ -752,7 +760,8 @@ class FederatedStrategy(Strategy):
         statistics)."""
         if self.auditor is None:
             return []
-        sent = self.auditor.updates(plan, self.clip_norm, self.secure_noise, self.num_clients)
+        joined = self.sample(self.auditor.canaries.count, self.round_rng(plan.server_round, STREAM_CANARY_SAMPLING))
+        sent = self.auditor.updates(plan, joined, self.clip_norm, self.secure_noise, self.num_clients)
         return [(index, self.admit(plan, update)[0]) for index, update in sent]
 
     @property

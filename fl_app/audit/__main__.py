@@ -2,7 +2,8 @@
 
 Prints the accountant's ε, Andrew et al.'s estimates (final model; all iterates) with their bootstrap intervals and
 Steinke et al.'s lower bound, and writes ``audit.png`` (inserted vs null statistic distributions) into the run
-directory. The numbers are those the run wrote into ``run.json`` (same statistics, same bootstrap stream).
+directory. The numbers are those the run wrote into ``run.json`` (same statistics, same bootstrap stream). Exit
+code: 0, 1 on a PRIVACY VIOLATION (the lower bound), 3 on a PRIVACY ALARM (an estimate), 2 without an audit file.
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ def plot(result: AuditResult, arrays: dict[str, np.ndarray], path: Path) -> Path
         )
         ax.set_xlabel("canary statistic")
         ax.legend(fontsize=8)
+    verdict = "  — VIOLATION" if result.violation else "  — ALARM" if result.alarm else ""
     fig.suptitle(
         f"canary audit after round {result.round}: accountant ε = {accountant}, "
-        f"one-run lower bound ε ≥ {result.lower_bound.epsilon:.3g}" + ("  — VIOLATION" if result.violation else ""),
+        f"one-run lower bound ε ≥ {result.lower_bound.epsilon:.3g}{verdict}",
         fontsize=11,
     )
     fig.tight_layout()
@@ -101,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary(result), indent=2))
     png = plot(result, arrays, args.png or args.run_dir / "audit.png")
     print(f"wrote {png}")
-    return 1 if result.violation else 0
+    return 1 if result.violation else 3 if result.alarm else 0
 
 
 if __name__ == "__main__":

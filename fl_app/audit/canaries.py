@@ -5,9 +5,11 @@ Andrew, Kairouz, Oh, Oprea, McMahan, Suriyakumar, "One-shot Empirical Privacy Es
 
 K canary clients own no data. Canary i has a fixed random unit direction u_i (:func:`~fl_app.privacy.audit.
 canary_direction`, from the audit's own stream, never from a training stream). Each canary is *inserted* with
-probability ½, independently (Steinke et al.'s randomisation; the others are Andrew et al.'s null set). An inserted
-canary joins each round with the real clients' probability q, independently (Poisson; under fixed-size sampling q
-is a real client's marginal probability m/M); its update before the mechanism is ``canary_scale · C · u_i``. The
+probability ½, independently (Steinke et al.'s randomisation; the others are Andrew et al.'s null set). Which
+canaries join a round is drawn by the strategy's own sampler (the code that samples the real clients, with its rate,
+its kind — Poisson or fixed size — and its randomness, seeded or CSPRNG) over the K canaries, and the inserted ones
+among them join: a sampler that takes more clients than the accountant assumes takes more canaries too, and the audit
+sees it. Each canary's update before the mechanism is ``canary_scale · C · u_i``. The
 strategy sends it down the client mechanism path of its recipe (mask, clip) and then treats it as a reply (round
 mask, server re-clip, sum) — but a canary adds no noise of its own and is not counted in m: the released round is
 exactly the accounted mechanism with a few more clients in the sum.
@@ -38,7 +40,8 @@ AUDIT_FILE = "audit.npz"
 #: are the canaries' directions: an insertion coin must share no bits with a direction (Steinke et al. need the
 #: coins independent of everything the adversary sees).
 AUDIT_DRAWS = stats.AUDIT_STREAM + 1
-MEMBERSHIP, PARTICIPATION, BOOTSTRAP = 1, 2, 3
+# (2 was the canaries' own participation coins, before the round's sampler drew them: strategies/auditing.py.)
+MEMBERSHIP, BOOTSTRAP = 1, 3
 _DELTA_FILE = re.compile(r"delta_(\d{5,})\.npy$")
 
 
@@ -63,6 +66,21 @@ class AuditResult:
         bound = self.accountant_epsilon_at_bound_delta
         return bound is not None and self.lower_bound.epsilon > bound
 
+    @property
+    def alarm_epsilon(self) -> float:
+        """The larger of the two estimates' interval lower ends: with ``confidence`` = 0.95 each is a one-sided
+        97.5% lower end, so the larger of the two is above a true ε with probability at most about 5% (Bonferroni),
+        as far as the bootstrap describes the estimates' error."""
+        return max(self.estimate_final.low, self.estimate_iterates.low)
+
+    @property
+    def alarm(self) -> bool:
+        """An estimate statistically above the accountant's ε at the run's δ (:attr:`alarm_epsilon` > ε): the
+        measured leak is more than the accountant allows. An estimate-based alarm, not a proof (that is
+        :attr:`violation`); its false-alarm rate on correct runs is measured in docs/audit.md."""
+        epsilon = self.accountant_epsilon
+        return epsilon is not None and self.alarm_epsilon > epsilon
+
     def record(self) -> dict[str, Any]:
         """The fields a metrics.jsonl round record and run.json get (flat numbers and one bool)."""
         return {
@@ -76,6 +94,7 @@ class AuditResult:
             "audit_lower_bound_delta": self.lower_bound.delta,
             "audit_accountant_eps_at_bound_delta": self.accountant_epsilon_at_bound_delta,
             "audit_violation": self.violation,
+            "audit_alarm": self.alarm,
         }
 
 
@@ -87,7 +106,6 @@ class CanaryAudit:
         config: AuditConfig,
         *,
         run_seed: int,
-        sample_rate: float,
         clip_norm: float,
         delta: float,
         shapes: list[tuple[int, ...]],
@@ -95,7 +113,6 @@ class CanaryAudit:
     ) -> None:
         self.config = config
         self.seed = run_seed if config.seed is None else config.seed
-        self.sample_rate = sample_rate
         self.clip_norm = clip_norm
         self.delta = delta
         self.bound_delta = (
@@ -109,17 +126,31 @@ class CanaryAudit:
         # Dot products ⟨u_i, Δ_t⟩ (column t-1 = round t) and ‖Δ_t‖ of the rounds scored so far.
         self.dots = np.zeros((k, 0))
         self.delta_norms: list[float] = []
-        self.participation: list[np.ndarray] = []  # per scored or pending round: the canaries that joined it
+        #: Round -> the inserted canaries that joined it (recorded by :meth:`join`; kept in checkpoints).
+        self.joined: dict[int, np.ndarray] = {}
         self._pending: dict[int, np.ndarray] = {}  # round -> flat Δ_t, when there is no directory
         self._initial: np.ndarray | None = None
         self._latest: np.ndarray | None = None
 
     # ----- during a round ---------------------------------------------------------------------------------------
 
+    @property
+    def count(self) -> int:
+        """K, the number of canaries (inserted or not): the population the round's sampler draws canaries from."""
+        return self.config.canaries
+
+    def join(self, server_round: int, sampled: np.ndarray) -> list[int]:
+        """Record and return the canaries that join round ``server_round``: the inserted ones among ``sampled``,
+        the canary indices the round's sampler drew (a re-run of the round after a resume replaces its record)."""
+        picked = np.zeros(self.count, dtype=bool)
+        picked[np.asarray(sampled, dtype=np.int64)] = True
+        joined = np.flatnonzero(self.inserted & picked).astype(np.int64)
+        self.joined[server_round] = joined
+        return [int(i) for i in joined]
+
     def participants(self, server_round: int) -> list[int]:
-        """The inserted canaries that join round ``server_round`` (each with probability q, independently)."""
-        joins = make_rng(self.seed, AUDIT_DRAWS, PARTICIPATION, server_round).random(self.config.canaries)
-        return [int(i) for i in np.flatnonzero(self.inserted & (joins < self.sample_rate))]
+        """The inserted canaries that joined round ``server_round`` (none for a round not run)."""
+        return [int(i) for i in self.joined.get(server_round, ())]
 
     def update(self, index: int, clip_norm: float | None = None) -> list[np.ndarray]:
         """Canary ``index``'s update before the mechanism: ``canary_scale · C · u_i`` in the model's shapes, with
@@ -168,7 +199,6 @@ class CanaryAudit:
         self.dots = np.concatenate([self.dots, dots], axis=1)
         self.delta_norms += [float(np.linalg.norm(d.astype(np.float64))) for d in deltas]
         for server_round in pending:
-            self.participation.append(np.array(self.participants(server_round), dtype=np.int64))
             self._pending.pop(server_round, None)
 
     def evaluate(self, server_round: int, epsilon_at: Callable[[float], float] | None) -> AuditResult:
@@ -199,7 +229,7 @@ class CanaryAudit:
                 dots=self.dots,
                 delta_norms=np.asarray(self.delta_norms),
                 final_delta_norm=self.final_delta_norm(),
-                participation=np.array([len(p) for p in self.participation]),
+                participation=np.array([len(self.participants(r)) for r in range(1, len(self.delta_norms) + 1)]),
                 delta=self.delta,
                 bound_delta=self.bound_delta,
                 confidence=self.config.confidence,
@@ -222,9 +252,14 @@ class CanaryAudit:
     # ----- checkpoint state -------------------------------------------------------------------------------------
 
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
-        """What a resumed run needs: the scored dots (small) and w_0; later deltas are on disk."""
+        """What a resumed run needs: the scored dots (small), w_0 and who joined which round; later deltas are on
+        disk."""
         self._score_pending_in_memory()
-        arrays: dict[str, list[np.ndarray]] = {"audit_dots": [self.dots]}
+        rounds = sorted(self.joined)
+        arrays: dict[str, list[np.ndarray]] = {
+            "audit_dots": [self.dots],
+            "audit_joined": [np.asarray(rounds, dtype=np.int64)] + [self.joined[r] for r in rounds],
+        }
         if self._initial is not None:
             arrays["audit_initial"] = [self._initial]
         return {"audit_delta_norms": list(self.delta_norms)}, arrays
@@ -238,7 +273,10 @@ class CanaryAudit:
         norms = list(state.get("audit_delta_norms", []))[:resumed_round]
         self.delta_norms = norms
         self.dots = np.asarray(arrays["audit_dots"][0])[:, : len(norms)] if "audit_dots" in arrays else self.dots
-        self.participation = [np.array(self.participants(r), dtype=np.int64) for r in range(1, len(norms) + 1)]
+        if "audit_joined" in arrays:
+            rounds, *members = arrays["audit_joined"]
+            kept = [(int(r), m) for r, m in zip(rounds, members, strict=True) if r <= resumed_round]
+            self.joined = {r: np.asarray(m, dtype=np.int64) for r, m in kept}
         if "audit_initial" in arrays:
             self._initial = np.asarray(arrays["audit_initial"][0])
         if self.directory is not None and self.directory.is_dir():

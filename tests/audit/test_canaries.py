@@ -17,15 +17,14 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from clients.recipes import privatize_update
 from fl_app.audit.__main__ import main as audit_main
 from fl_app.audit.canaries import AUDIT_FILE
 from fl_app.checkpoint import load_checkpoint
 from fl_app.config import CONF_DIR, ConfigError, compose_config
-from fl_app.instructions import TrainInstructions
 from fl_app.privacy import audit as stats
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
+from tests.audit.power import ClientPathGrid
 from tests.helpers import FakeGrid, build, flat, partition_of, reply, with_norm, zeros
 
 SHAPES: list[tuple[int, ...]] = [(100, 150), (5000,)]  # d = 20,000
@@ -51,24 +50,6 @@ class HonestGrid(FakeGrid):
             reply(pid, with_norm(SHAPES, 2 * C, seed=1000 * self.round + pid), to=msg)
             for pid, msg in zip(pids, messages, strict=True)
         ]
-
-
-class ClientPathGrid(FakeGrid):
-    """Every sampled client sends a zero update through the real client path (clients/recipes.py): in client
-    placement that is where the noise is added."""
-
-    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
-        messages = list(messages)
-        for i, msg in enumerate(messages):
-            msg.metadata.__dict__["_message_id"] = f"c{len(self.sent)}-{i}"
-        self.sent.append([])
-        replies = []
-        for msg in messages:
-            pid = partition_of(msg)
-            self.sent[-1].append(pid)
-            sent, _ = privatize_update(zeros(SHAPES), TrainInstructions.from_config(msg.content["config"]), pid)
-            replies.append(reply(pid, sent, pre_clip_norm=0.0, to=msg))
-        return replies
 
 
 class CrashingGrid(FakeGrid):
@@ -148,15 +129,48 @@ def test_canaries_change_neither_sampling_nor_sigma_m_epsilon_nor_the_real_clien
 def test_canaries_join_with_probability_q_and_half_of_them_are_inserted() -> None:
     strategy = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.25", "audit=canaries",
                      "audit.canaries=2000")  # fmt: skip
-    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
+    strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=20)
     audit = strategy.canaries
     assert audit is not None
     inserted = int(audit.inserted.sum())
     assert abs(inserted - 1000) < 4 * math.sqrt(500)
-    joined = [len(audit.participants(t)) for t in range(1, 41)]
+    joined = [len(audit.participants(t)) for t in range(1, 21)]
     assert abs(np.mean(joined) / inserted - 0.25) < 0.01
-    assert all(set(audit.participants(t)) <= set(np.flatnonzero(audit.inserted)) for t in range(1, 5))
-    assert audit.participants(3) == audit.participants(3)  # a pure function of (seed, round)
+    assert all(set(audit.participants(t)) <= set(np.flatnonzero(audit.inserted)) for t in range(1, 21))
+    again = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.25", "audit=canaries",
+                  "audit.canaries=2000")  # fmt: skip
+    again.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=3)
+    assert again.canaries.participants(3) == audit.participants(3)  # seeded: a pure function of (seed, round)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_canaries_are_drawn_by_the_code_that_samples_the_real_clients(sampling: str) -> None:
+    """A sampler that takes three times the accounted rate (a bug set up here, in the test only) takes three times
+    as many canaries too; the real clients' draw is the only other thing that changes."""
+
+    real_poisson, real_fixed = mech.poisson_sample, mech.fixed_size_sample
+
+    def canaries_joined(triple: bool) -> tuple[float, list[list[int]]]:
+        grid = FakeGrid()
+        strategy = build("strategy=dp_fedavg", "dataset.num_clients=100", "privacy.sample_rate=0.1",
+                         f"privacy.sampling={sampling}", "audit=canaries", "audit.canaries=2000")  # fmt: skip
+        with pytest.MonkeyPatch.context() as patch:
+            if triple:
+                patch.setattr(mech, "poisson_sample", lambda n, q, rng: real_poisson(n, min(1.0, 3 * q), rng))
+                patch.setattr(mech, "fixed_size_sample", lambda n, k, rng: real_fixed(n, min(n, 3 * k), rng))
+            strategy.start(grid, ArrayRecord(zeros(SHAPES)), num_rounds=10)
+        audit = strategy.canaries
+        assert audit is not None
+        rate = float(np.mean([len(audit.participants(t)) for t in range(1, 11)])) / int(audit.inserted.sum())
+        return rate, grid.sent
+
+    rate, sent = canaries_joined(triple=False)
+    tripled, sent_tripled = canaries_joined(triple=True)
+    assert abs(rate - 0.1) < 0.01
+    assert abs(tripled - 0.3) < 0.02
+    assert np.mean([len(s) for s in sent_tripled]) > 2.5 * np.mean([len(s) for s in sent])
+    if sampling == "fixed":
+        assert all(len(s) == 10 for s in sent)
 
 
 @pytest.mark.parametrize(

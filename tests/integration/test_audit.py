@@ -30,6 +30,7 @@ def _check(out: Path) -> dict:
     audit = meta["audit"]
     assert audit["canaries"] == 200 and audit["after_round"] == ROUNDS
     assert audit["violation"] is False
+    assert audit["alarm"] is False and "PRIVACY" not in meta["dp_guarantee"]
     assert audit["accountant_epsilon"] == pytest.approx(meta["epsilon"])
     assert audit["eps_lower_bound"] <= meta["epsilon"]
     assert audit["eps_estimate_iterates_low"] <= meta["epsilon"]

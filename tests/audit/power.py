@@ -1,0 +1,167 @@
+"""How weak a mechanism the canary audit catches: deliberate weakenings, set up here in the tests only (issue 21).
+
+Each weakening patches one function of :mod:`fl_app.privacy.mechanisms` for the length of a run, as a refactor that
+broke it would, while the accountant keeps counting the correct mechanism:
+
+- ``noise x0.5`` / ``noise x0.25``: the Gaussian noise's std is half / a quarter of σ·C/m;
+- ``noise on one tensor``: the noise is added to the first weight tensor only (15,000 of the 20,000 weights);
+- ``clip skipped (client path)``: in client placement (fixed-size sampling; the server does not clip again) the
+  client's clip is skipped; the canaries claim an update of 10·C (``audit.canary_scale=10``), which only that clip
+  holds to C;
+- ``sampling 2x``: the round's sampler takes each client with probability 2q (the canaries are drawn by the same
+  code, strategies/base.py ``sample``).
+
+The runs are the real ``start()`` loop (strategies/base.py) on a fake grid whose clients send a zero update through
+the real client path (:class:`ClientPathGrid`: clip, and in client placement their noise) and a model of d = 20,000
+weights (:data:`SHAPES`): the released rounds are the mechanism acting on the canaries alone.
+The configuration is CPU Table IV's privacy (M = 100, q = 0.1, σ = 0.95, C = 0.05, δ = 0.01, 12 rounds, Poisson,
+RDP; accountant ε = 1.66). ``python -m tests.audit.power`` prints the power table of docs/audit.md;
+tests/audit/test_power.py checks the same weakenings at one seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Message
+
+from clients.recipes import privatize_update
+from fl_app.audit.canaries import AuditResult
+from fl_app.instructions import TrainInstructions
+from fl_app.privacy import mechanisms as mech
+from tests.helpers import FakeGrid, build, partition_of, reply, zeros
+
+SHAPES: list[tuple[int, ...]] = [(100, 150), (5000,)]  # d = 20,000
+#: CPU Table IV's privacy (conf/scale/cpu.yaml) on the fake grid.
+TABLE4 = (
+    "strategy=dp_fedavg", "dataset.num_clients=100", "privacy.sample_rate=0.1", "privacy.noise_multiplier=0.95",
+    "privacy.clip_norm=0.05", "privacy.delta=0.01", "audit=canaries",
+)  # fmt: skip
+ROUNDS = 12
+
+
+class ClientPathGrid(FakeGrid):
+    """Every sampled client sends a zero update through the real client path (clients/recipes.py): in client
+    placement that is where the noise is added (a grid of bare zero replies would leave the round without it)."""
+
+    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
+        messages = list(messages)
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"c{len(self.sent)}-{i}"
+        self.sent.append([])
+        replies = []
+        for msg in messages:
+            pid = partition_of(msg)
+            self.sent[-1].append(pid)
+            sent, _ = privatize_update(zeros(SHAPES), TrainInstructions.from_config(msg.content["config"]), pid)
+            replies.append(reply(pid, sent, pre_clip_norm=0.0, to=msg))
+        return replies
+
+
+@contextlib.contextmanager
+def _patched(name: str, replacement: Callable[..., object]) -> Iterator[None]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mech, name, replacement)
+        yield
+
+
+def noise_scaled(factor: float) -> contextlib.AbstractContextManager[None]:
+    real = mech.gaussian_noise_std
+    return _patched("gaussian_noise_std", lambda *args, **kwargs: factor * real(*args, **kwargs))
+
+
+def noise_on_first_tensor() -> contextlib.AbstractContextManager[None]:
+    real = mech.add_gaussian_noise
+
+    def first_only(update: list[np.ndarray], std: float, rng: mech.NormalSource) -> list[np.ndarray]:
+        return [real(update[:1], std, rng)[0], *(np.array(u) for u in update[1:])]
+
+    return _patched("add_gaussian_noise", first_only)
+
+
+def clip_skipped() -> contextlib.AbstractContextManager[None]:
+    return _patched("clip_update", lambda update, clip_norm: ([np.array(u) for u in update], 0.0))
+
+
+def sampling_doubled() -> contextlib.AbstractContextManager[None]:
+    real = mech.poisson_sample
+    return _patched("poisson_sample", lambda n, q, rng: real(n, min(1.0, 2 * q), rng))
+
+
+@dataclass(frozen=True)
+class Weakening:
+    name: str
+    patch: Callable[[], contextlib.AbstractContextManager[None]]
+    overrides: tuple[str, ...] = ()
+
+
+WEAKENINGS = (
+    Weakening("none (correct mechanism)", contextlib.nullcontext),
+    Weakening("noise x0.5", lambda: noise_scaled(0.5)),
+    Weakening("noise x0.25", lambda: noise_scaled(0.25)),
+    Weakening("noise on one tensor", noise_on_first_tensor),
+    Weakening(
+        "clip skipped (client path)",
+        clip_skipped,
+        ("privacy.placement=client", "privacy.sampling=fixed", "audit.canary_scale=10"),
+    ),
+    Weakening("sampling 2x", sampling_doubled),
+)
+#: The correct mechanism, with the client-path weakening's settings (its own baseline).
+CORRECT_CLIENT_PATH = Weakening("none, client placement", contextlib.nullcontext, WEAKENINGS[4].overrides)
+
+
+def audit_run(weakening: Weakening, canaries: int, seed: int, rounds: int = ROUNDS) -> AuditResult:
+    """One audited run of the Table IV privacy on the fake grid, with ``weakening`` in place; its final audit."""
+    strategy = build(*TABLE4, f"audit.canaries={canaries}", f"seed={seed}", *weakening.overrides)
+    with weakening.patch():
+        strategy.start(ClientPathGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds)
+    result = strategy.audit_result
+    assert result is not None
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.audit.power", description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10, help="runs per cell (seeds 0..N-1)")
+    parser.add_argument("--canaries", type=int, nargs="+", default=[500, 2000])
+    parser.add_argument("--only", nargs="+", default=None, help="weakenings to run, by name prefix (default: all)")
+    args = parser.parse_args(argv)
+    from flwr.supercore.task_identity import TaskIdentity  # flwr Messages need a task identity outside a ServerApp
+
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0  # type: ignore[attr-defined]
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    print(f"d = 20,000, {ROUNDS} rounds, M = 100, q = 0.1, σ = 0.95, δ = 0.01; {args.seeds} seeds per row")
+    print("| weakening | K | alarms | violations | ε̂ iterates (median) [median low end] | ε̂ final (median) "
+          "| lower bound (median; accountant at its δ) | accountant ε | s / run |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    chosen = [w for w in (*WEAKENINGS, CORRECT_CLIENT_PATH) if args.only is None or w.name.startswith(tuple(args.only))]
+    for weakening in chosen:
+        for k in args.canaries:
+            started = time.perf_counter()
+            results = [audit_run(weakening, k, seed) for seed in range(args.seeds)]
+            seconds = (time.perf_counter() - started) / args.seeds
+            iterates = statistics.median(r.estimate_iterates.epsilon for r in results)
+            iterates_low = statistics.median(r.estimate_iterates.low for r in results)
+            final = statistics.median(r.estimate_final.epsilon for r in results)
+            bound = statistics.median(r.lower_bound.epsilon for r in results)
+            print(
+                f"| {weakening.name} | {k} | {sum(r.alarm for r in results)}/{len(results)} "
+                f"| {sum(r.violation for r in results)}/{len(results)} | {iterates:.3g} [{iterates_low:.3g}] "
+                f"| {final:.3g} | {bound:.3g} ({results[0].accountant_epsilon_at_bound_delta:.3g}) "
+                f"| {results[0].accountant_epsilon:.3g} | {seconds:.1f} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
