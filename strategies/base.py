@@ -79,13 +79,14 @@ from fl_app.privacy.pipeline import (
     mechanisms_for,
     run_server_steps,
 )
-from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest, releases_to_account
+from fl_app.releases import Release, model_digest
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.auditing import CanaryAuditor, audit_report
 from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.placement import Placement, placement
 from strategies.population import Population, balance_cohorts
+from strategies.releasing import RunReleases
 from strategies.rounds import Contribution, RoundOutcome, RoundPlan
 from strategies.screening import screen
 
@@ -251,8 +252,8 @@ class FederatedStrategy(Strategy):
         # The plan of the round under way when Flower's own loop drives configure_train / aggregate_train.
         self._flower_round: RoundPlan | None = None
         self.stop_reason: str | None = None
-        self._releases: ReleaseLog | None = None
-        self._releases_logged = 0
+        #: The run's releases (strategies/releasing.py): the write-ahead log once start() has a checkpoint directory.
+        self.releases = RunReleases(None, self.private, seeded=True)
         # Resolved against the grid by resolve_settings() when the config says "auto".
         self.secure_noise: bool = config.privacy.secure_noise is True
         self.settings_resolved = False
@@ -845,11 +846,7 @@ class FederatedStrategy(Strategy):
         result = Result()
         arrays = initial_arrays
         first_round = 1
-        if checkpoint_dir is not None and self.private:
-            self._releases = ReleaseLog(checkpoint_dir)
-            self._releases_logged = self._releases.count()
-        # Rounds a resumed seeded run re-runs after they were released: {round: digests it may release again}.
-        repeatable: dict[int, set[str]] = {}
+        self.releases = RunReleases(checkpoint_dir, self.private, seeded=not self.secure_noise)
         if self.config.audit.enabled:
             self.auditor = CanaryAuditor(
                 self.config,
@@ -863,15 +860,11 @@ class FederatedStrategy(Strategy):
                     resume_from.strategy_state, resume_from.strategy_arrays, resume_from.round
                 )
             self.rounds_released = int(resume_from.strategy_state.get("releases_logged", resume_from.round))
-            if self._releases is not None:
-                # Models released after the checkpoint was written left the server: each counts now. A CSPRNG re-run
-                # releases a new model (counted again); a seeded re-run must repeat its logged model (same noise)
-                # or is refused before it leaves the server (fl_app/releases.py).
-                seen = int(resume_from.strategy_state.get("releases_logged", 0))
-                owed, repeatable = releases_to_account(self._releases.since(seen))
-                for release in owed:
-                    self.account_release(release)
-                self.rounds_released += len(owed)
+            # Models released after the checkpoint was written left the server: each counts now.
+            owed = self.releases.owed_after(int(resume_from.strategy_state.get("releases_logged", 0)))
+            for release in owed:
+                self.account_release(release)
+            self.rounds_released += len(owed)
             arrays = ArrayRecord(resume_from.weights)
             result.arrays = arrays
             first_round = resume_from.round + 1
@@ -889,7 +882,7 @@ class FederatedStrategy(Strategy):
                 result.evaluate_metrics_serverapp[0] = initial
         for server_round in range(first_round, num_rounds + 1):
             # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
-            repeat = self.private and not self.secure_noise and server_round in repeatable
+            repeat = self.releases.repeats(server_round)
             guarded = self.private and p.max_epsilon is not None and not repeat
             next_eps = self.projected_epsilon() if guarded else -math.inf
             if p.max_epsilon is not None and next_eps > p.max_epsilon:
@@ -907,18 +900,8 @@ class FederatedStrategy(Strategy):
             t_aggregated = time.perf_counter()
             if self.auditor is not None:
                 self.auditor.round_released(server_round, plan.global_weights, outcome.new_weights)
-            release = self.release(server_round, outcome.new_weights) if self.private else None
-            if repeat and release is not None and release.digest not in repeatable.pop(server_round):
-                raise ReleaseMismatchError(
-                    f"resumed run: re-run round {server_round} produced a model other than the one released for "
-                    "it before the crash, with the same seeded noise (the accepted replies differ); releasing it "
-                    "would publish a noise-free difference. Refused: nothing of it has left the server. Start a new "
-                    "run, or use privacy.secure_noise=true, under which a re-run draws fresh noise"
-                )
-            if self._releases is not None and release is not None:
-                # Write-ahead: durable before the noisy model can leave the server (next broadcast, checkpoint).
-                self._releases.append(release)
-                self._releases_logged += 1
+            if self.private:
+                self.releases.record(self.release(server_round, outcome.new_weights))
             arrays = ArrayRecord(outcome.new_weights)
             result.arrays = arrays
             if not repeat:
@@ -983,7 +966,7 @@ class FederatedStrategy(Strategy):
         canaries' scored statistics."""
         ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
-        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self._releases_logged}
+        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self.releases.logged}
         arrays = {"previous_global": list(self.last_round_global), **optimizer_arrays}
         if self.auditor is not None:
             audit_state, audit_arrays = self.auditor.canaries.state()

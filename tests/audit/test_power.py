@@ -36,7 +36,7 @@ def test_the_same_runs_done_right_raise_neither_alarm_nor_violation(correct: Wea
 
 
 def test_the_false_alarm_rate_on_correct_runs_is_within_the_stated_rate() -> None:
-    """docs/audit.md states a false-alarm rate of at most 5% for this run (measured: 0 of 100 seeds); 5% of 10 runs
+    """docs/audit.md states a false-alarm rate of at most 5% for this run (measured: 1 of 100 seeds); 5% of 10 runs
     is less than one alarm."""
     alarms = [audit_run(WEAKENINGS[0], canaries=500, seed=seed).alarm for seed in range(10)]
     assert sum(alarms) == 0

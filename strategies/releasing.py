@@ -1,0 +1,54 @@
+"""A run's releases as the round loop sees them: the write-ahead log, what a resumed run owes its ledger, and the
+rounds a seeded re-run must repeat bit for bit (fl_app/releases.py has the log and the reasoning).
+
+Every noisy model that leaves the server is a release the ledger must count. :class:`RunReleases` is the round
+loop's one object for them: the log line is written before the model can leave (:meth:`record`), a resumed run
+learns which logged releases its restored ledger has not seen (:meth:`owed_after`), and a seeded re-run of a
+released round either repeats that release (no new ε: :meth:`repeats`) or is refused before anything leaves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, releases_to_account
+
+
+class RunReleases:
+    """The releases of one run: logged in ``directory`` (none: not logged) when the run is private."""
+
+    def __init__(self, directory: Path | None, private: bool, seeded: bool) -> None:
+        self.private, self.seeded = private, seeded
+        self.log = ReleaseLog(directory) if directory is not None and private else None
+        #: Lines in the log: a checkpoint stores it, and resuming from that checkpoint accounts every line after it.
+        self.logged = self.log.count() if self.log is not None else 0
+        # Rounds a resumed seeded run re-runs after they were released: {round: digests it may release again}.
+        self._repeatable: dict[int, set[str]] = {}
+
+    def owed_after(self, logged_at_checkpoint: int) -> list[Release]:
+        """The releases logged after the checkpoint a run resumes from: each left the server, and the ledger
+        restored from the checkpoint has not counted it. A CSPRNG re-run releases a new model (counted again); a
+        seeded re-run must repeat its logged model (same noise) or is refused (:meth:`record`)."""
+        if self.log is None:
+            return []
+        owed, self._repeatable = releases_to_account(self.log.since(logged_at_checkpoint))
+        return owed
+
+    def repeats(self, server_round: int) -> bool:
+        """Whether ``server_round`` is a seeded re-run of a logged release: it repeats that release, already counted,
+        and takes no new ε (nor the budget guard's)."""
+        return self.private and self.seeded and server_round in self._repeatable
+
+    def record(self, release: Release) -> None:
+        """Write-ahead, before the model can leave the server (next broadcast, checkpoint): the release's log line,
+        durable. A seeded re-run's model must be the one released for its round before the crash."""
+        if self.repeats(release.round) and release.digest not in self._repeatable.pop(release.round):
+            raise ReleaseMismatchError(
+                f"resumed run: re-run round {release.round} produced a model other than the one released for it "
+                "before the crash, with the same seeded noise (the accepted replies differ); releasing it would "
+                "publish a noise-free difference. Refused: nothing of it has left the server. Start a new run, or "
+                "use privacy.secure_noise=true, under which a re-run draws fresh noise"
+            )
+        if self.log is not None:
+            self.log.append(release)
+            self.logged += 1
