@@ -17,9 +17,17 @@ from fl_app.privacy.pipeline import ClientStep, mechanisms_for, run_client_steps
 
 
 def noise_rng(instructions: TrainInstructions, partition_id: int) -> mech.NormalSource:
-    """The client's noise source: the OS CSPRNG in deployment, a (seed, round, client) stream in simulation."""
+    """The client's noise source: the OS CSPRNG in deployment, a (seed, round, client) stream in simulation, keyed
+    also by the run's noise key under ``privacy.noise_stream=per_run`` (Noisy-FedAvg's absolute noise included)."""
     secure = instructions.secure_noise or instructions.seed is None
-    return mech.random_source(secure, instructions.seed, instructions.server_round, STREAM_CLIENT_NOISE, partition_id)
+    return mech.random_source(
+        secure,
+        instructions.seed,
+        instructions.server_round,
+        STREAM_CLIENT_NOISE,
+        partition_id,
+        noise_key=instructions.noise_key,
+    )
 
 
 def client_step(

@@ -7,7 +7,9 @@ bad values with one message that names the key and the allowed range, before Ray
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
@@ -25,6 +27,11 @@ NOISY_SCHEDULES: tuple[str, ...] = ("constant", "cyclic", "stagewise", "continuo
 Sampling = Literal["poisson", "fixed"]
 Placement = Literal["client", "server"]
 AccountantName = Literal["rdp", "prv", "pld"]
+#: ``privacy.noise_stream``: whose noise a seeded run draws. ``shared``: the (seed, round, purpose[, client]) streams
+#: that every seeded run of the seed draws, whatever its strategy, C or σ (paired comparisons; but two such models,
+#: published, cancel each other's noise); ``per_run``: those streams keyed also by the run's :func:`noise_stream_key`.
+NOISE_STREAMS: tuple[str, ...] = ("shared", "per_run")
+NoiseStream = Literal["shared", "per_run"]
 
 
 #: Every strategy class named by ``strategy._target_`` derives from this one.
@@ -204,6 +211,9 @@ class PrivacyConfig:
     clip_learning_rate: float = 0.2
     #: adaptive: sigma_b, std of the noise on the clipped count; None = m / 20.
     clipped_count_stddev: float | None = None
+    #: Seeded noise: shared by every run of the seed, or keyed by the run's config (:data:`NOISE_STREAMS`,
+    #: :func:`noise_stream_key`; docs/PRIVACY.md). Secure randomness never shares noise.
+    noise_stream: NoiseStream = "shared"
 
 
 @dataclass(frozen=True)
@@ -572,6 +582,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         client_statistics=_choice(section, "client_statistics", p, ("auto", "raw", "noisy", "none")),  # type: ignore[arg-type]
         statistics_noise_multiplier=_statistics_sigma(section),
         **_adaptive_clipping(section),
+        noise_stream=_noise_stream(section),
     )
 
 
@@ -611,6 +622,13 @@ def _statistics_sigma(section: Mapping[str, Any]) -> float | None:
         return None
     _require(_finite(value) and float(value) > 0, "privacy.statistics_noise_multiplier", value, "null or > 0")
     return float(value)
+
+
+def _noise_stream(section: Mapping[str, Any]) -> NoiseStream:
+    # Configs stored before the key existed (checkpoints) drew the shared streams.
+    if "noise_stream" not in section:
+        return "shared"
+    return _choice(section, "noise_stream", "privacy", NOISE_STREAMS)  # type: ignore[return-value]
 
 
 def _validate_faults(section: Mapping[str, Any], num_clients: int) -> FaultInjectionConfig:
@@ -748,6 +766,28 @@ def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
     return validate(raw)
+
+
+# --- the run's noise key (privacy.noise_stream=per_run) ---------------------------------------------------------
+
+#: Top-level keys the noise key does not hash: where the run writes (a resume rewrites both to the run directory, and
+#: must draw the noise it drew before).
+NOISE_KEY_IGNORES: tuple[str, ...] = ("output_dir", "resume")
+
+
+def noise_stream_key(config: AppConfig) -> int | None:
+    """The extra key word of every seeded *noise* stream of the run, or None when its noise is the seed's shared one.
+
+    With ``privacy.noise_stream=per_run``: a 63-bit integer from the SHA-256 of the canonical JSON of the validated
+    config less :data:`NOISE_KEY_IGNORES`. Two runs whose configs differ in anything else (strategy, C, σ, ...) then
+    draw independent noise, while a run re-run or resumed from its stored config draws the same noise again (a
+    seeded resume must repeat its logged releases). A pure function of the config: the one place the key is made.
+    """
+    if config.privacy.noise_stream == "shared":
+        return None
+    keyed = {k: v for k, v in config.to_dict().items() if k not in NOISE_KEY_IGNORES}
+    canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
+    return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:8], "big") >> 1
 
 
 # --- flwr run front door ---------------------------------------------------------------------------------------

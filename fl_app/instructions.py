@@ -15,10 +15,12 @@ from typing import Any, Literal
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fl_app.config import NOISY_SCHEDULES, AppConfig
+from fl_app.config import NOISY_SCHEDULES, AppConfig, noise_stream_key
 
 # Purposes of the random streams: simulation randomness is mech.make_rng(seed, round, purpose[, partition]),
 # so every draw is a pure function of (seed, round, client) and a resumed or re-run round draws the same values.
+# Noise streams (server and client noise, adaptive clipping's and the statistics' noisy counts) take one more key
+# word under privacy.noise_stream=per_run: the run's key (fl_app.config.noise_stream_key; TrainInstructions.noise_key).
 # With secure randomness every one of these draws comes from the OS CSPRNG instead (mech.random_source).
 STREAM_SAMPLING = 0
 STREAM_SERVER_NOISE = 1
@@ -168,6 +170,9 @@ class TrainInstructions:
     device: str
     # How a worker trains a cohort message (clients/cohort.py): auto | sequential | vectorized.
     cohort_engine: str = "auto"
+    # The run's noise key (privacy.noise_stream=per_run: fl_app.config.noise_stream_key), the last key word of the
+    # client's noise stream; None (not sent) = the seed's shared noise, or secure randomness.
+    noise_key: int | None = None
 
     def to_config_record(self) -> ConfigRecord:
         flat: dict[str, Any] = {}
@@ -314,4 +319,5 @@ def make_train_instructions(
         secure_noise=secure_noise,
         device=config.simulation.device,
         cohort_engine=config.simulation.cohort_engine,
+        noise_key=None if secure_noise else noise_stream_key(config),
     )

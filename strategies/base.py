@@ -50,7 +50,7 @@ from flwr.superlink.grid import InMemoryGrid
 
 from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
-from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, settings_overrides
+from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     CLIENT_TIMESTAMPS,
@@ -169,6 +169,9 @@ class FederatedStrategy(Strategy):
         else:
             self.expected_clients = mech.expected_clients(self.num_clients, privacy.sample_rate)
         self.noise_multiplier = privacy.noise_multiplier
+        #: The last key word of the run's seeded noise streams (``privacy.noise_stream=per_run``), None = the seed's
+        #: shared noise: :meth:`noise_rng`, and the clients' noise through the instructions.
+        self.noise_key: int | None = noise_stream_key(config)
         #: What the run has released and spent (None for the non-private references): :meth:`make_ledger`.
         self.ledger: PrivacyLedger | None = None
         # Resolved by resolve_settings() when "auto" (raw in simulation, none against a real SuperLink).
@@ -348,6 +351,7 @@ class FederatedStrategy(Strategy):
             "rounds_released": self.rounds_released,
             "noise_source": self.noise_source,
             "sampling_source": self.randomness_source,
+            "noise_stream": self.noise_stream_claim(),
         }
 
     def mechanism_claim(self) -> dict[str, Any]:
@@ -362,6 +366,21 @@ class FederatedStrategy(Strategy):
             "expected_clients": self.expected_clients,
             "placement": p.placement,
         }
+
+    def noise_stream_claim(self) -> dict[str, Any]:
+        """Which runs draw this run's noise (``run.json``: ``noise_stream``): whoever sees two models with the same
+        noise can subtract it, and no ε covers that pair (docs/PRIVACY.md)."""
+        if self.secure_noise:
+            return {"mode": "secure", "shared_with": "no run: every noise draw comes from the OS CSPRNG"}
+        seed = self.config.seed
+        if self.noise_key is None:
+            shared = (f"every seeded run with seed={seed} and noise_stream=shared (any strategy, C, sigma): they draw "
+                      "the same standardized noise every round, so two of their models cancel each other's noise and "
+                      "no epsilon covers the pair; publish one, or use privacy.noise_stream=per_run")  # fmt: skip
+            return {"mode": "shared", "shared_with": shared}
+        own = (f"only runs of this config (a re-run, a resume): any other config draws independent noise; client "
+               f"sampling, masks and shuffles still follow seed={seed} alone")  # fmt: skip
+        return {"mode": "per_run", "key": self.noise_key, "shared_with": own}
 
     def not_covered_reason(self) -> str | None:
         """Why the accountant's ε does not cover this configuration (None = it does)."""
@@ -418,7 +437,7 @@ class FederatedStrategy(Strategy):
         if self.client_statistics == "noisy" and not self.adaptive_clipping:
             # (With adaptive clipping the clipped fraction is already released, accounted, in ``stats``.)
             clipped = sum(1 for norm in stats["client_norms"] if norm > stats["clip_norm"])
-            rng = self.round_rng(server_round, STREAM_STATISTICS)
+            rng = self.noise_rng(server_round, STREAM_STATISTICS)
             noisy = mech.noisy_count(clipped, self.statistics_noise_multiplier, rng)
             # The fixed denominator m, like the update average; the noisy value may leave [0, 1].
             public["fraction_clipped_noisy"] = noisy / self.expected_clients
@@ -513,8 +532,11 @@ class FederatedStrategy(Strategy):
         # Secret when randomness is secure: amplification by subsampling assumes nobody can tell who took part.
         return self.sample(self.num_clients, self.round_rng(server_round, STREAM_SAMPLING))
 
-    def _noise_rng(self, server_round: int) -> mech.RandomSource:
-        return self.round_rng(server_round, STREAM_SERVER_NOISE)
+    def noise_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
+        """The server's noise draws of a round (the update's noise, adaptive clipping's and the statistics' noisy
+        counts): :meth:`round_rng`'s stream, keyed also by the run's :attr:`noise_key` under
+        ``privacy.noise_stream=per_run``. Sampling and masks stay :meth:`round_rng`'s, shared by the seed's runs."""
+        return mech.random_source(self.secure_noise, self.config.seed, server_round, purpose, noise_key=self.noise_key)
 
     # ----- Flower Strategy interface ----------------------------------------------------------------------------
 
@@ -738,7 +760,7 @@ class FederatedStrategy(Strategy):
             stats["clip_norm"] = self.clip_norm
         if self.adaptive_clipping:
             # The aggregated clients' bits only: canaries and rejected clients have no part in m.
-            rng = self.round_rng(server_round, STREAM_ADAPTIVE_CLIP)
+            rng = self.noise_rng(server_round, STREAM_ADAPTIVE_CLIP)
             stats.update(self.clipping.after_round(norms, self.expected_clients, rng))
         return RoundOutcome(new_weights=new_weights, stats=stats)
 
@@ -798,7 +820,7 @@ class FederatedStrategy(Strategy):
             noise_std=self.placement.server_noise_std(
                 self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients
             ),
-            rng=self._noise_rng(plan.server_round),
+            rng=self.noise_rng(plan.server_round, STREAM_SERVER_NOISE),
             mask=plan.mask,
             updates=updates,
         )

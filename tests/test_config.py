@@ -27,6 +27,7 @@ from fl_app.config import (
     TopKConfig,
     compose_config,
     load_app_config,
+    noise_stream_key,
     overrides_from_run_config,
     upgrade_stored_config,
     validate,
@@ -159,6 +160,7 @@ def test_valid_edge_values_are_accepted(overrides):
         (["privacy.max_epsilon=0"], "privacy.max_epsilon", "> 0"),
         (["privacy.target_epsilon=-1"], "privacy.target_epsilon", "> 0"),
         (["privacy.secure_noise=maybe"], "privacy.secure_noise", "auto, true or false"),
+        (["privacy.noise_stream=per_client"], "privacy.noise_stream", "one of shared, per_run"),
         (["client.lr=0"], "client.lr", "> 0"),
         (["client.lr=nan"], "client.lr", "finite"),
         (["client.momentum=1"], "client.momentum", "[0, 1)"),
@@ -418,3 +420,40 @@ def test_a_stored_config_with_every_strategy_s_flat_settings_still_validates() -
         validate(legacy)
     assert validate(upgrade_stored_config(legacy)) == config
     assert upgrade_stored_config(raw) == raw
+
+
+# ----- privacy.noise_stream: the run's noise key (issue 21) ---------------------------------------------------------
+
+
+def test_noise_stream_defaults_to_shared_and_a_stored_config_without_it_is_shared() -> None:
+    config = compose_config([])
+    assert config.privacy.noise_stream == "shared" and noise_stream_key(config) is None
+    raw = config.to_raw()
+    del raw["privacy"]["noise_stream"]  # a checkpoint written before the key existed drew the shared streams
+    assert validate(raw) == config
+    per_run = compose_config(["privacy.noise_stream=per_run"])
+    assert validate(per_run.to_raw()) == per_run
+
+
+def test_noise_key_is_a_pure_function_of_the_config_less_where_the_run_writes() -> None:
+    base = ["privacy.noise_stream=per_run"]
+    key = noise_stream_key(compose_config(base))
+    assert isinstance(key, int) and 0 <= key < 2**63  # a word of numpy's SeedSequence, an int64 on the wire
+    assert noise_stream_key(compose_config(base)) == key
+    # A resume rewrites resume and output_dir to the run directory: the same noise again.
+    assert noise_stream_key(compose_config([*base, "output_dir=/tmp/a", "resume=/tmp/a"])) == key
+    others = [
+        ["strategy=dp_fedavg"],
+        ["privacy.clip_norm=0.5"],
+        ["privacy.noise_multiplier=1.1"],
+        ["num_rounds=21"],
+        ["seed=1"],
+        ["dataset.alpha=0.3"],
+    ]
+    keys = {noise_stream_key(compose_config([*base, *o])) for o in others}
+    assert len(keys) == len(others) and key not in keys
+
+
+def test_noise_stream_reaches_the_flwr_run_front_door() -> None:
+    overrides = overrides_from_run_config({"overrides": "privacy.noise_stream=per_run"})
+    assert compose_config(overrides).privacy.noise_stream == "per_run"

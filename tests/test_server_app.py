@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fl_app.config import ConfigError, compose_config
+from fl_app.config import ConfigError, compose_config, noise_stream_key
 from fl_app.privacy.accounting import compute_epsilon
 from fl_app.server_app import run_federated
 from tests.helpers import FakeGrid
@@ -52,6 +52,7 @@ def test_run_json_states_what_was_released_before_every_broadcast_and_at_the_end
         assert meta["dp_guarantee"] == f"client-level ({meta['epsilon']:.4g}, {1 / M:.3g})-DP"
         # Settings resolved before the first write: against a real SuperLink, CSPRNG and no client statistics.
         assert meta["noise_source"] == meta["sampling_source"] == "os-csprng"
+        assert meta["noise_stream"]["mode"] == "secure"  # no run shares the CSPRNG's noise
         assert meta["client_statistics"].startswith("none")
     final = json.loads((tmp_path / "run.json").read_text())
     assert final["status"] == "completed" and final["rounds_released"] == 3
@@ -76,3 +77,18 @@ def test_seeded_randomness_against_a_superlink_fails_before_any_message(tmp_path
     assert grid.seen == []
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["status"] == "failed" and "allow_seeded_deployment" in meta["error"]
+
+
+@pytest.mark.parametrize("stream", ["shared", "per_run"])
+def test_run_json_says_which_runs_share_the_noise(tmp_path: Path, stream: str) -> None:
+    """Issue 21: a seeded run's noise is the seed's (shared) or its config's (per_run); run.json says which."""
+    seeded = ["privacy.secure_noise=false", "privacy.allow_seeded_deployment=true", "num_rounds=1", "seed=3"]
+    config = compose_config([*RUN, *seeded, f"privacy.noise_stream={stream}"])
+    run_federated(WatchingGrid(tmp_path), config, tmp_path, progress=False)
+    claim = json.loads((tmp_path / "run.json").read_text())["noise_stream"]
+    assert claim["mode"] == stream
+    if stream == "shared":
+        assert "seed=3" in claim["shared_with"] and "key" not in claim
+    else:
+        assert claim["key"] == noise_stream_key(config) is not None
+        assert "independent" in claim["shared_with"]

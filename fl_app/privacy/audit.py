@@ -38,7 +38,17 @@ P[W ≥ v] ≤ P[Binomial(r, q) ≥ v] + 2mδ · max_{1≤i≤v} P[v − i ≤ B
 (the approximate-DP theorem; the p-value is computed exactly as in the paper's Appendix D code,
 :func:`one_run_p_value`). For δ = 0 this is the pure-DP binomial tail. Trying several guess counts multiplies the
 chances of a false certificate, so each of the n counts tried is tested at significance (1 − confidence)/n
-(Bonferroni) and the largest certified ε is reported (:func:`one_run_lower_bound`).
+(Bonferroni) and the largest certified ε is reported (:func:`one_run_lower_bound`). Even when every guess is
+right the bound cannot exceed a ceiling set by m, δ and the confidence alone (:func:`certifiable_epsilon`): an audit
+only has teeth where that ceiling is above the accountant's ε, and the ceiling grows with the number of canaries.
+
+**Sparse canaries**, to make many canaries affordable (:func:`sparse_canary_direction`): a unit vector supported on
+s ≪ d coordinates drawn uniformly without replacement, with Gaussian values. Generating one costs O(s) draws
+instead of O(d) and scoring it against r deltas O(s·r) instead of O(d·r) (``canary_dots(..., support=s)``).
+Steinke et al.'s bound stays valid with them — the theorem needs only the independent insertion coins and
+scores computed without looking at them, whatever the canaries are — but the analytic N(0, 1/d) null of the
+final-model cosine is no longer exact (see :func:`sparse_canary_direction`): fit the null to the never-inserted
+canaries, as :func:`estimate_epsilon` does by default.
 
 Everything here is pure: the only randomness is the canary stream :func:`canary_direction` (derived from the seed
 through :func:`fl_app.privacy.mechanisms.make_rng`) and the bootstrap, which takes an explicit generator.
@@ -60,11 +70,13 @@ from fl_app.privacy.mechanisms import global_l2_norm, make_rng
 
 __all__ = [
     "AUDIT_STREAM",
+    "SPARSE_CANARY_KEY",
     "EpsilonEstimate",
     "LowerBound",
     "all_iterates_statistics",
     "canary_direction",
     "canary_dots",
+    "certifiable_epsilon",
     "default_guess_counts",
     "estimate_epsilon",
     "final_model_statistics",
@@ -72,13 +84,23 @@ __all__ = [
     "gaussian_pair_epsilon",
     "one_run_lower_bound",
     "one_run_p_value",
+    "sparse_canary_direction",
+    "to_dense",
 ]
 
 #: Purpose key of the canary streams: canary i draws from ``make_rng(seed, AUDIT_STREAM, i)``, apart from every
 #: sampling, noise and mask stream. The key is reserved for the directions: numpy's SeedSequence ignores trailing
 #: zero words, so (seed, AUDIT_STREAM, i, 0, …) *is* canary i's stream, and any other draw keyed
 #: (seed, AUDIT_STREAM, j, …) would replay canary j's bits (and, for the insertion coin, tie it to a public vector).
+#: The one other key under it is canary i's *sparse* direction, (seed, AUDIT_STREAM, i, SPARSE_CANARY_KEY).
 AUDIT_STREAM: int = 9_001
+
+#: Trailing key word of the sparse directions: :func:`sparse_canary_direction` draws from
+#: ``make_rng(seed, AUDIT_STREAM, i, SPARSE_CANARY_KEY)``. It must not be 0 — SeedSequence ignores trailing zero
+#: words, so (seed, AUDIT_STREAM, i, 0) is the dense canary i's stream — and any non-zero word gives a stream
+#: independent of the dense one (SeedSequence hashes the whole key). The sparse and the dense canary i are thus
+#: different, independent vectors; a run uses one kind or the other.
+SPARSE_CANARY_KEY: int = 1
 
 # Bisection on ε: after at most _MAX_DOUBLINGS doublings of the bracket and _BISECTIONS halvings the bracket is
 # below 2^(_MAX_DOUBLINGS − _BISECTIONS) ≈ 1e-21, i.e. at the resolution of a float64 ε.
@@ -119,7 +141,90 @@ def canary_direction(seed: int, index: int, size: int) -> np.ndarray:
     return np.divide(draws, norm, out=np.empty(size, dtype=np.float32), dtype=np.float64, casting="same_kind")
 
 
-def canary_dots(seed: int, indices: Sequence[int], vectors: Sequence[np.ndarray]) -> np.ndarray:
+def _distinct_coordinates(rng: np.random.Generator, size: int, support: int) -> np.ndarray:
+    """``support`` distinct integers of [0, size), a uniformly random subset, sorted, as int64.
+
+    Sparse case (2·support ≤ size): draw ``support`` integers uniformly *with* replacement, drop the repeats, draw as
+    many as are missing, and so on until ``support`` distinct values are held; each round keeps a fraction
+    ≥ 1 − support/size ≥ 1/2 of its draws, so the expected work is O(support) draws plus the sorts, whatever size
+    is (at size = 1.66M and support = 1000 about 0.3 repeats are expected: one extra round for a quarter of the
+    canaries). The result is a uniform subset: every step treats all values alike (it only looks at which draws
+    repeat), so its law is invariant under any permutation of [0, size), and it always has exactly ``support``
+    elements. Dense case: numpy's sampling without replacement (a partial shuffle, O(size), then O(support) anyway).
+    """
+    if 2 * support > size:
+        return np.sort(rng.choice(size, support, replace=False, shuffle=False).astype(np.int64, copy=False))
+    chosen = np.sort(rng.integers(0, size, support, dtype=np.int64))
+    while True:
+        fresh = np.empty(chosen.size, dtype=np.bool_)
+        fresh[0] = True
+        np.not_equal(chosen[1:], chosen[:-1], out=fresh[1:])
+        missing = support - int(np.count_nonzero(fresh))
+        if missing == 0:
+            return chosen
+        chosen = np.sort(np.concatenate([chosen[fresh], rng.integers(0, size, missing, dtype=np.int64)]))
+
+
+def sparse_canary_direction(seed: int, index: int, size: int, support: int) -> tuple[np.ndarray, np.ndarray]:
+    """Canary ``index``'s *sparse* direction in R^``size``, ``(indices, values)``: a unit vector on ``support`` coords.
+
+    ``indices`` (int64, sorted, distinct, in [0, size)) is a uniformly random ``support``-subset of the coordinates
+    (:func:`_distinct_coordinates`: O(support) draws, not O(size)); ``values`` (float32) are standard normals drawn
+    after them, normalised in float64 to ‖values‖ = 1 and cast to float32, exactly as :func:`canary_direction`
+    does with its d draws (|‖u‖ − 1| ≲ 1e-7). All draws come from ``make_rng(seed, AUDIT_STREAM, index,
+    SPARSE_CANARY_KEY)``: a stream of its own, independent of the dense canary ``index`` (see
+    :data:`SPARSE_CANARY_KEY`). ``support`` and ``size`` are part of the canary's identity. Measured on the 2-core
+    development machine: ~0.1 ms a canary at support = 1000, d = 1.66M (10,000 canaries in ~1 s), against
+    ~25 ms for a dense one. :func:`to_dense` gives the d-vector a canary client inserts.
+
+    The sparse direction is *not* uniform on the sphere. Its cosine with a fixed vector v still has mean 0 and
+    variance exactly 1/d (the law of u is invariant under coordinate permutations and sign flips, so
+    E[u_i u_j] = δ_ij/d), but it is a scale mixture of Gaussians, not N(0, 1/d): its tails depend on how v's mass
+    is spread (excess kurtosis ≈ 3(d·Σv_i⁴/‖v‖⁴ − 1)/support to first order), heavier the more v is
+    concentrated on few coordinates. The analytic null N(0, 1/d) that Andrew et al. use for the final-model
+    statistic is therefore not exact for sparse canaries: fit the null to the never-inserted canaries
+    (``estimate_epsilon`` without ``known_null``). Steinke et al.'s lower bound is unaffected: it holds for any
+    canaries, as long as their insertion coins are independent and the scores do not look at them.
+    """
+    seed = _non_negative_int("seed", seed)
+    index = _non_negative_int("index", index)
+    size = _non_negative_int("size", size)
+    support = _non_negative_int("support", support)
+    if not 1 <= support <= size:
+        raise ValueError(f"a sparse canary needs 1 <= support <= size, got support={support}, size={size}")
+    rng = make_rng(seed, AUDIT_STREAM, index, SPARSE_CANARY_KEY)
+    coordinates = _distinct_coordinates(rng, size, support)
+    draws = rng.standard_normal(support, dtype=np.float32)
+    norm = global_l2_norm([draws])
+    values = np.divide(draws, norm, out=np.empty(support, dtype=np.float32), dtype=np.float64, casting="same_kind")
+    return coordinates, values
+
+
+def to_dense(indices: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """The float32 vector of length ``size`` that is ``values`` at ``indices`` and 0 elsewhere.
+
+    For the canary client, which inserts the full d-vector of a :func:`sparse_canary_direction`. ``indices``
+    must be distinct integers in [0, size) (a repeated index would silently keep only one of its values).
+    """
+    size = _non_negative_int("size", size)
+    coordinates = np.asarray(indices)
+    weights = np.asarray(values)
+    if coordinates.ndim != 1 or weights.shape != coordinates.shape:
+        raise ValueError(f"indices and values must be flat and of one length, got {coordinates.shape}, {weights.shape}")
+    if coordinates.size and not np.issubdtype(coordinates.dtype, np.integer):
+        raise TypeError(f"indices must be integers, got dtype {coordinates.dtype}")
+    if coordinates.size and (coordinates.min() < 0 or coordinates.max() >= size):
+        raise ValueError(f"indices must lie in [0, {size})")
+    if np.unique(coordinates).size != coordinates.size:
+        raise ValueError("indices must be distinct")
+    dense = np.zeros(size, dtype=np.float32)
+    dense[coordinates.astype(np.int64, copy=False)] = weights
+    return dense
+
+
+def canary_dots(
+    seed: int, indices: Sequence[int], vectors: Sequence[np.ndarray], *, support: int | None = None
+) -> np.ndarray:
     """⟨u_i, v_r⟩ for each canary i in ``indices`` and each flat vector v_r: shape (len(indices), len(vectors)).
 
     The vectors (normally float32 model deltas Δ_t, all of the same length d) are stacked once into a (d, r)
@@ -133,9 +238,20 @@ def canary_dots(seed: int, indices: Sequence[int], vectors: Sequence[np.ndarray]
     against r = 1 delta take ~30 s of CPU, against r = 10 ~60 s: generation is paid once per call whatever r, so
     score all pending rounds in one call. Memory: the (d, r) matrix (4·d·r bytes) plus one canary and its draws
     (8·d bytes).
+
+    ``support=s`` scores the *sparse* canaries :func:`sparse_canary_direction` (seed, i, d, s) instead (``None``:
+    the dense ones above, unchanged): each canary's s values are multiplied with the s rows ``matrix[indices]``
+    it covers, in float32 BLAS as well — O(s·r) a canary instead of O(d·r). Measured at d = 1.66M, s = 1000,
+    r = 12 on the 2-core development machine: ~0.1 ms to generate a canary and ~0.1–0.2 ms to gather its rows
+    and multiply (random rows of the 80 MB matrix: memory latency, not arithmetic — gathering a block of canaries
+    at once was no faster), so 10,000 canaries in ~3 s instead of ~6 min dense and 50,000 in ~13 s
+    (bench/audit_power_k.py). The same canary set must be used to insert and to score: a dense and a sparse
+    canary i are different vectors.
     """
     seed = _non_negative_int("seed", seed)
     canaries = [_non_negative_int("index", index) for index in indices]
+    if support is not None and _non_negative_int("support", support) == 0:
+        raise ValueError("support must be >= 1 (None scores the dense canaries)")
     arrays = [np.asarray(vector) for vector in vectors]
     if not arrays:
         return np.zeros((len(canaries), 0), dtype=np.float64)
@@ -147,8 +263,15 @@ def canary_dots(seed: int, indices: Sequence[int], vectors: Sequence[np.ndarray]
             raise TypeError(f"vectors must be floating point, got dtype {vector.dtype}")
     matrix = np.stack(arrays, axis=1).astype(np.float32, copy=False)
     dots = np.empty((len(canaries), len(arrays)), dtype=np.float64)
+    if support is None:
+        for row, index in enumerate(canaries):
+            dots[row] = canary_direction(seed, index, size) @ matrix
+        return dots
+    if support > size:
+        raise ValueError(f"support must be <= the vectors' length {size}, got {support}")
     for row, index in enumerate(canaries):
-        dots[row] = canary_direction(seed, index, size) @ matrix
+        coordinates, values = sparse_canary_direction(seed, index, size, support)
+        dots[row] = values @ matrix[coordinates]
     return dots
 
 
@@ -566,6 +689,54 @@ def default_guess_counts(canaries: int) -> tuple[int, ...]:
     return tuple(count for count in counts if count > 0)
 
 
+def _guess_counts(canaries: int, guesses: Sequence[int] | None) -> tuple[int, ...]:
+    """The distinct guess counts to try (default :func:`default_guess_counts`), each checked to be in [1, m]."""
+    counts = default_guess_counts(canaries) if guesses is None else tuple(dict.fromkeys(guesses))
+    for count in counts:
+        if _non_negative_int("guess count", count) == 0 or count > canaries:
+            raise ValueError(f"guess counts must be in [1, {canaries}], got {count!r}")
+    if not counts:
+        raise ValueError("guesses must name at least one guess count")
+    return counts
+
+
+def certifiable_epsilon(
+    canaries: int, delta: float, confidence: float = 0.95, *, guesses: Sequence[int] | None = None
+) -> float:
+    """The ceiling of :func:`one_run_lower_bound` with m = ``canaries``: the ε it certifies when every guess is right.
+
+    Steinke, Nasr & Jagielski's bound depends on the scores only through the number v of right guesses out of
+    each count r tried; with perfect separation (the ⌈m/2⌉ inserted canaries all score above the ⌊m/2⌋ others)
+    every count gets v = r, and the result is max_r of the largest ε whose p-value (:func:`one_run_p_value` with
+    v = r) is below (1 − confidence)/n, n the number of counts (``guesses``, default :func:`default_guess_counts`).
+    This is what the audit can certify at best with m canaries, δ and that confidence, however strong the signal:
+    a bound can only show that the accountant's ε is violated where this ceiling is above it. At δ = 0 it is
+    logit(((1 − confidence)/n)^(1/m)), growing like log m. It shrinks as δ grows, through the p-value's 2mδ term —
+    at a *fixed* δ, more canaries eventually certify less (m = 50,000 at δ = 1e-3 certifies nothing) — so δ must
+    shrink like 1/m for the ceiling to keep growing, as the audit's default δ_LB = min(δ, 0.01/m) does
+    (2mδ ≤ 0.02): 3.05, 4.57, 5.89, 7.44, 8.98 at m = 100, 500, 2000, 10⁴, 5·10⁴.
+
+    It is exactly ``one_run_lower_bound(scores, inserted, delta, confidence=confidence, guesses=guesses).epsilon``
+    for perfectly separated scores with ⌈m/2⌉ inserted; it does not look at any scores and costs one bisection
+    per guess count (~1 s at m = 50,000 with the default counts).
+
+    Perfect separation needs every inserted canary to leave a trace. One that was inserted but never joined a
+    round (a fraction (1 − q)^T of them when each round samples canaries at rate q: 28% at q = 0.1, T = 12) is
+    indistinguishable from a never-inserted one under any mechanism, so the "not inserted" guesses on the lowest
+    scores are wrong for some of them and the bound a run can reach is lower than this ceiling
+    (bench/audit_power_k.py simulates that case).
+    """
+    m = _non_negative_int("canaries", canaries)
+    if m == 0:
+        raise ValueError("certifiable_epsilon needs at least one canary")
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    confidence = _check_confidence(confidence)
+    counts = _guess_counts(m, guesses)
+    significance = (1.0 - float(confidence)) / len(counts)
+    return max(_certified_epsilon(m, int(count), int(count), float(delta), significance) for count in counts)
+
+
 def one_run_lower_bound(
     scores: np.ndarray,
     inserted: np.ndarray,
@@ -600,12 +771,7 @@ def one_run_lower_bound(
         raise ValueError(f"delta must be in [0, 1), got {delta!r}")
     confidence = _check_confidence(confidence)
     m = score.size
-    counts = default_guess_counts(m) if guesses is None else tuple(dict.fromkeys(guesses))
-    for count in counts:
-        if _non_negative_int("guess count", count) == 0 or count > m:
-            raise ValueError(f"guess counts must be in [1, {m}], got {count!r}")
-    if not counts:
-        raise ValueError("guesses must name at least one guess count")
+    counts = _guess_counts(m, guesses)
     significance = (1.0 - float(confidence)) / len(counts)
 
     order = np.argsort(score, kind="stable")  # ascending; stable: ties keep canary order

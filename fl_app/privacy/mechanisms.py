@@ -319,15 +319,20 @@ def secure_rng() -> SecureRandom:
 RandomSource = np.random.Generator | SecureRandom
 
 
-def random_source(secure: bool, seed: int | None, *keys: int) -> RandomSource:
+def random_source(secure: bool, seed: int | None, *keys: int, noise_key: int | None = None) -> RandomSource:
     """THE place that decides where a draw comes from: the OS CSPRNG when ``secure`` (deployment: noise, client
     sampling, masks, clients' shuffles), else the seeded stream :func:`make_rng` of (seed, *keys) (simulation:
-    reproducible, and private only while the seed stays secret)."""
+    reproducible, and private only while the seed stays secret).
+
+    ``noise_key`` is passed by noise draws only: the run's key under ``privacy.noise_stream=per_run``
+    (:func:`fl_app.config.noise_stream_key`), appended to the keys so that runs with different configs draw
+    independent noise; None (``shared``) leaves the stream the one every run of the seed draws.
+    """
     if secure:
         return secure_rng()
     if seed is None:
         raise ValueError("a seeded random stream needs a seed (secure randomness sends none)")
-    return make_rng(seed, *keys)
+    return make_rng(seed, *keys) if noise_key is None else make_rng(seed, *keys, noise_key)
 
 
 def make_rng(seed: int, *keys: int) -> np.random.Generator:

@@ -5,11 +5,12 @@ broke it would, while the accountant keeps counting the correct mechanism:
 
 - ``noise x0.5`` / ``noise x0.25``: the Gaussian noise's std is half / a quarter of σ·C/m;
 - ``noise on one tensor``: the noise is added to the first weight tensor only (15,000 of the 20,000 weights);
+  ``noise on the small tensor``: to the second only (5,000 of 20,000);
 - ``clip skipped (client path)``: in client placement (fixed-size sampling; the server does not clip again) the
   client's clip is skipped; the canaries claim an update of 10·C (``audit.canary_scale=10``), which only that clip
   holds to C;
 - ``sampling 2x``: the round's sampler takes each client with probability 2q (the canaries are drawn by the same
-  code, strategies/base.py ``sample``).
+  code, strategies/base.py ``sample``); also at q = 0.25 (2q = 0.5), where doubling costs more privacy.
 
 The runs are the real ``start()`` loop (strategies/base.py) on a fake grid whose clients send a zero update through
 the real client path (:class:`ClientPathGrid`: clip, and in client placement their noise) and a model of d = 20,000
@@ -79,13 +80,16 @@ def noise_scaled(factor: float) -> contextlib.AbstractContextManager[None]:
     return _patched("gaussian_noise_std", lambda *args, **kwargs: factor * real(*args, **kwargs))
 
 
-def noise_on_first_tensor() -> contextlib.AbstractContextManager[None]:
+def noise_on_one_tensor(which: int) -> contextlib.AbstractContextManager[None]:
+    """The noise is added to tensor ``which`` of the update only; the others go out as they came."""
     real = mech.add_gaussian_noise
 
-    def first_only(update: list[np.ndarray], std: float, rng: mech.NormalSource) -> list[np.ndarray]:
-        return [real(update[:1], std, rng)[0], *(np.array(u) for u in update[1:])]
+    def one_only(update: list[np.ndarray], std: float, rng: mech.NormalSource) -> list[np.ndarray]:
+        out = [np.array(u) for u in update]
+        out[which] = real([update[which]], std, rng)[0]
+        return out
 
-    return _patched("add_gaussian_noise", first_only)
+    return _patched("add_gaussian_noise", one_only)
 
 
 def clip_skipped() -> contextlib.AbstractContextManager[None]:
@@ -104,20 +108,30 @@ class Weakening:
     overrides: tuple[str, ...] = ()
 
 
-WEAKENINGS = (
-    Weakening("none (correct mechanism)", contextlib.nullcontext),
-    Weakening("noise x0.5", lambda: noise_scaled(0.5)),
-    Weakening("noise x0.25", lambda: noise_scaled(0.25)),
-    Weakening("noise on one tensor", noise_on_first_tensor),
-    Weakening(
-        "clip skipped (client path)",
-        clip_skipped,
-        ("privacy.placement=client", "privacy.sampling=fixed", "audit.canary_scale=10"),
-    ),
-    Weakening("sampling 2x", sampling_doubled),
-)
+WEAKENINGS = {
+    w.name: w
+    for w in (
+        Weakening("none (correct mechanism)", contextlib.nullcontext),
+        Weakening("noise x0.5", lambda: noise_scaled(0.5)),
+        Weakening("noise x0.25", lambda: noise_scaled(0.25)),
+        Weakening("noise on one tensor", lambda: noise_on_one_tensor(0)),
+        Weakening("noise on the small tensor", lambda: noise_on_one_tensor(1)),
+        Weakening(
+            "clip skipped (client path)",
+            clip_skipped,
+            ("privacy.placement=client", "privacy.sampling=fixed", "audit.canary_scale=10"),
+        ),
+        Weakening("sampling 2x", sampling_doubled),
+        Weakening("sampling 2x, q = 0.25", sampling_doubled, ("privacy.sample_rate=0.25",)),
+    )
+}
+CORRECT = WEAKENINGS["none (correct mechanism)"]
 #: The correct mechanism, with the client-path weakening's settings (its own baseline).
-CORRECT_CLIENT_PATH = Weakening("none, client placement", contextlib.nullcontext, WEAKENINGS[4].overrides)
+CORRECT_CLIENT_PATH = Weakening(
+    "none, client placement", contextlib.nullcontext, WEAKENINGS["clip skipped (client path)"].overrides
+)
+#: The correct mechanism at the sampling rate of the last weakening.
+CORRECT_Q25 = Weakening("none, q = 0.25", contextlib.nullcontext, WEAKENINGS["sampling 2x, q = 0.25"].overrides)
 
 
 def audit_run(weakening: Weakening, canaries: int, seed: int, rounds: int = ROUNDS) -> AuditResult:
@@ -144,7 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     print("| weakening | K | alarms | violations | ε̂ iterates (median) [median low end] | ε̂ final (median) "
           "| lower bound (median; accountant at its δ) | accountant ε | s / run |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
-    chosen = [w for w in (*WEAKENINGS, CORRECT_CLIENT_PATH) if args.only is None or w.name.startswith(tuple(args.only))]
+    chosen = [
+        w
+        for w in (*WEAKENINGS.values(), CORRECT_CLIENT_PATH, CORRECT_Q25)
+        if args.only is None or w.name.startswith(tuple(args.only))
+    ]
     for weakening in chosen:
         for k in args.canaries:
             started = time.perf_counter()

@@ -15,30 +15,42 @@ import pytest
 
 from fl_app.config import compose_config
 from fl_app.server_app import run_federated
-from tests.audit.power import CORRECT_CLIENT_PATH, WEAKENINGS, Weakening, audit_run, noise_scaled
+from tests.audit.power import CORRECT, CORRECT_CLIENT_PATH, CORRECT_Q25, WEAKENINGS, Weakening, audit_run, noise_scaled
 from tests.helpers import FakeGrid
 
-CAUGHT = {w.name: w for w in WEAKENINGS if w.name in ("noise x0.5", "noise x0.25", "clip skipped (client path)")}
+#: The weakenings a run of this size catches, with the number of canaries it takes (docs/audit.md's power table:
+#: "noise on one tensor" and "sampling 2x" at q = 0.1 are not caught reliably at these sizes).
+CAUGHT = {
+    "noise x0.5": 500,
+    "noise x0.25": 500,
+    "noise on the small tensor": 500,
+    "clip skipped (client path)": 500,
+    "sampling 2x, q = 0.25": 2000,
+}
 
 
-@pytest.mark.parametrize("name", sorted(CAUGHT))
+@pytest.mark.parametrize("name", CAUGHT)
 def test_a_weakened_mechanism_raises_the_alarm(name: str, caplog: pytest.LogCaptureFixture) -> None:
-    result = audit_run(CAUGHT[name], canaries=500, seed=0)
+    result = audit_run(WEAKENINGS[name], canaries=CAUGHT[name], seed=0)
     assert result.alarm
     assert result.alarm_epsilon > result.accountant_epsilon
     assert "PRIVACY ALARM" in caplog.text
 
 
-@pytest.mark.parametrize("correct", [WEAKENINGS[0], CORRECT_CLIENT_PATH], ids=lambda w: w.name)
-def test_the_same_runs_done_right_raise_neither_alarm_nor_violation(correct: Weakening) -> None:
-    result = audit_run(correct, canaries=500, seed=0)
+@pytest.mark.parametrize(
+    ("correct", "canaries"),
+    [(CORRECT, 500), (CORRECT_CLIENT_PATH, 500), (CORRECT_Q25, 2000)],
+    ids=lambda v: v.name if isinstance(v, Weakening) else f"K={v}",
+)
+def test_the_same_runs_done_right_raise_neither_alarm_nor_violation(correct: Weakening, canaries: int) -> None:
+    result = audit_run(correct, canaries=canaries, seed=0)
     assert not result.alarm and not result.violation
 
 
 def test_the_false_alarm_rate_on_correct_runs_is_within_the_stated_rate() -> None:
     """docs/audit.md states a false-alarm rate of at most 5% for this run (measured: 1 of 100 seeds); 5% of 10 runs
     is less than one alarm."""
-    alarms = [audit_run(WEAKENINGS[0], canaries=500, seed=seed).alarm for seed in range(10)]
+    alarms = [audit_run(CORRECT, canaries=500, seed=seed).alarm for seed in range(10)]
     assert sum(alarms) == 0
 
 

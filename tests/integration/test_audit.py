@@ -3,8 +3,9 @@
 not significantly above it, and ``python -m fl_app.audit`` recomputes what the run reported.
 
 The estimates are estimates, not bounds: a correct run may show one above the accountant's ε (docs/audit.md's
-default run: ε̂ iterates 2.86 against 2.748, interval 1.28-5.12). What a correct mechanism must satisfy is that the
-lower end of each 95% interval stays below ε (and that the rigorous lower bound does)."""
+default run of 2026-11-24: ε̂ iterates 2.86 against 2.748, interval 1.28-5.12). What a correct mechanism must satisfy
+is that the lower end of each 95% interval stays below ε — no PRIVACY ALARM — and that the rigorous lower bound
+does (no violation)."""
 
 from __future__ import annotations
 

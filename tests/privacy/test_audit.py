@@ -13,18 +13,21 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 
 import numpy as np
 import pytest
 from scipy.optimize import brentq
-from scipy.stats import binom, norm
+from scipy.stats import binom, chisquare, norm
 
 from fl_app.privacy.audit import (
     AUDIT_STREAM,
+    SPARSE_CANARY_KEY,
     EpsilonEstimate,
     all_iterates_statistics,
     canary_direction,
     canary_dots,
+    certifiable_epsilon,
     default_guess_counts,
     estimate_epsilon,
     final_model_statistics,
@@ -32,6 +35,8 @@ from fl_app.privacy.audit import (
     gaussian_pair_epsilon,
     one_run_lower_bound,
     one_run_p_value,
+    sparse_canary_direction,
+    to_dense,
 )
 from fl_app.privacy.mechanisms import make_rng
 
@@ -119,6 +124,152 @@ def test_canary_dots_matches_a_direct_dot_product() -> None:
         canary_dots(SEED, [0], [np.zeros(5, np.float32), np.zeros(6, np.float32)])
     with pytest.raises(ValueError):
         canary_dots(SEED, [0], [np.zeros((2, 3), np.float32)])
+
+
+def test_dense_canary_dots_are_unchanged_by_the_sparse_option() -> None:
+    """``support=None`` is the dense path, bit for bit: float32 canary times the float32 (d, r) matrix."""
+    d = 20_000
+    rng = np.random.default_rng(4)
+    vectors = [rng.standard_normal(d).astype(np.float32) for _ in range(2)]
+    matrix = np.stack(vectors, axis=1)
+    dots = canary_dots(SEED, [5, 0], vectors)
+    assert np.array_equal(dots, canary_dots(SEED, [5, 0], vectors, support=None))
+    for row, index in enumerate([5, 0]):
+        assert np.array_equal(dots[row], (canary_direction(SEED, index, d) @ matrix).astype(np.float64))
+
+
+# Sparse canaries: a reference transcription of the sampling rule, with a Python set.
+
+
+def reference_sparse_direction(seed: int, index: int, size: int, support: int) -> tuple[np.ndarray, np.ndarray]:
+    """Draw integers in batches of the number still missing until ``support`` distinct ones are held (sparse
+    case), or numpy's sampling without replacement (2·support > size); then float32 normals, normalised in float64."""
+    rng = make_rng(seed, AUDIT_STREAM, index, SPARSE_CANARY_KEY)
+    if 2 * support > size:
+        chosen = set(rng.choice(size, support, replace=False, shuffle=False).tolist())
+    else:
+        chosen = set()
+        while len(chosen) < support:
+            chosen.update(rng.integers(0, size, support - len(chosen), dtype=np.int64).tolist())
+    draws = rng.standard_normal(support, dtype=np.float32).astype(np.float64)
+    return np.array(sorted(chosen), dtype=np.int64), (draws / np.linalg.norm(draws)).astype(np.float32)
+
+
+@pytest.mark.parametrize(("size", "support"), [(50_000, 300), (100, 50), (100, 80), (7, 7), (10, 1)])
+def test_sparse_canary_direction_is_a_deterministic_unit_vector_on_support_distinct_coordinates(
+    size: int, support: int
+) -> None:
+    indices, values = sparse_canary_direction(SEED, 3, size, support)
+    assert indices.dtype == np.int64 and values.dtype == np.float32
+    assert indices.shape == values.shape == (support,)
+    assert np.all(np.diff(indices) > 0) and indices[0] >= 0 and indices[-1] < size  # sorted, distinct, in range
+    assert abs(float(np.linalg.norm(values.astype(np.float64))) - 1.0) < 1e-6
+    again = sparse_canary_direction(SEED, 3, size, support)
+    assert np.array_equal(indices, again[0]) and np.array_equal(values, again[1])
+    # Pins the stream and the sampling rule ((100, 50) always repeats draws: the rejection loop runs).
+    reference = reference_sparse_direction(SEED, 3, size, support)
+    assert np.array_equal(indices, reference[0]) and np.array_equal(values, reference[1])
+    if support == size:
+        assert np.array_equal(indices, np.arange(size))
+
+
+def test_sparse_canaries_differ_across_indices_seeds_and_from_the_dense_canary() -> None:
+    size, support = 50_000, 300
+    indices, values = sparse_canary_direction(SEED, 3, size, support)
+    for other_indices, _ in (
+        sparse_canary_direction(SEED, 4, size, support),
+        sparse_canary_direction(SEED + 1, 3, size, support),
+    ):
+        # Two random 300-subsets of 50,000 share ~1.8 coordinates.
+        assert np.intersect1d(indices, other_indices).size < 15
+    # The sparse stream is not the dense one: SeedSequence ignores a trailing 0 (which would replay the dense
+    # canary's draws), not the non-zero key word.
+    assert SPARSE_CANARY_KEY != 0
+    dense_draws = make_rng(SEED, AUDIT_STREAM, 3).standard_normal(support, dtype=np.float32)
+    assert np.array_equal(make_rng(SEED, AUDIT_STREAM, 3, 0).standard_normal(support, dtype=np.float32), dense_draws)
+    leading = (dense_draws / np.linalg.norm(dense_draws.astype(np.float64))).astype(np.float32)
+    assert not np.allclose(values, leading) and abs(float(np.dot(values, leading))) < 0.3
+    dense = canary_direction(SEED, 3, size)
+    assert abs(float(np.dot(values.astype(np.float64), dense[indices]))) < 0.05  # ~N(0, 1/d): unrelated
+    for bad in ((SEED, 3, size, 0), (SEED, 3, 10, 11), (SEED, -1, 10, 2), (SEED, 3, 10, 2.0), (SEED, 3, 10, True)):
+        with pytest.raises(ValueError):
+            sparse_canary_direction(*bad)  # type: ignore[arg-type]
+
+
+def test_sparse_coordinates_are_uniform() -> None:
+    """Every coordinate equally likely (chi-square), in the rejection regime that always repeats draws."""
+    size, support, canaries = 100, 50, 4_000
+    counts = np.zeros(size)
+    for index in range(canaries):
+        counts[sparse_canary_direction(SEED, index, size, support)[0]] += 1
+    assert counts.sum() == canaries * support
+    assert chisquare(counts).pvalue > 1e-4
+    # And a coordinate's value is symmetric around 0: the sign of the first value is a fair coin.
+    signs = [sparse_canary_direction(SEED, index, size, support)[1][0] > 0 for index in range(1_000)]
+    assert 430 < sum(signs) < 570
+
+
+def test_to_dense_places_the_values_and_nothing_else() -> None:
+    indices, values = sparse_canary_direction(SEED, 2, 1_000, 40)
+    dense = to_dense(indices, values, 1_000)
+    assert dense.dtype == np.float32 and dense.shape == (1_000,)
+    assert np.array_equal(dense[indices], values) and np.count_nonzero(dense) == 40
+    assert abs(float(np.linalg.norm(dense.astype(np.float64))) - 1.0) < 1e-6
+    assert np.array_equal(to_dense(np.array([], np.int64), np.array([], np.float32), 3), np.zeros(3, np.float32))
+    with pytest.raises(ValueError):
+        to_dense(np.array([0, 3]), np.array([1.0, 2.0]), 3)  # out of range
+    with pytest.raises(ValueError):
+        to_dense(np.array([1, 1]), np.array([1.0, 2.0]), 3)  # repeated
+    with pytest.raises(ValueError):
+        to_dense(np.array([-1]), np.array([1.0]), 3)
+    with pytest.raises(ValueError):
+        to_dense(np.array([0, 1]), np.array([1.0]), 3)
+    with pytest.raises(TypeError):
+        to_dense(np.array([0.0]), np.array([1.0]), 3)
+
+
+def test_sparse_canary_dots_match_the_densified_direction() -> None:
+    d, support = 30_000, 500
+    rng = np.random.default_rng(0)
+    vectors = [rng.standard_normal(d).astype(np.float32) * scale for scale in (1.0, 1e-3, 50.0)]
+    vectors[1] += 1e-3
+    indices = [0, 7, 3, 7]
+    dots = canary_dots(SEED, indices, vectors, support=support)
+    assert dots.shape == (4, 3) and dots.dtype == np.float64
+    for row, index in enumerate(indices):
+        u = to_dense(*sparse_canary_direction(SEED, index, d, support), d).astype(np.float64)
+        for col, vector in enumerate(vectors):
+            exact = float(np.dot(u, vector.astype(np.float64)))
+            assert abs(dots[row, col] - exact) < 1e-5 * float(np.linalg.norm(vector)) / math.sqrt(d)
+    # Not the dense canaries' dot products.
+    assert not np.allclose(dots, canary_dots(SEED, indices, vectors), rtol=0.1)
+    assert canary_dots(SEED, [], vectors, support=support).shape == (0, 3)
+    assert canary_dots(SEED, [1, 2], [], support=support).shape == (2, 0)
+    # support = d: every coordinate, still the sparse stream.
+    full = canary_dots(SEED, [1], vectors[:1], support=d)
+    assert full[0, 0] == pytest.approx(
+        float(to_dense(*sparse_canary_direction(SEED, 1, d, d), d) @ vectors[0]), rel=1e-4
+    )
+    for bad in (0, d + 1, -1, 2.5, True):
+        with pytest.raises(ValueError):
+            canary_dots(SEED, [0], vectors, support=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        canary_dots(SEED, [0], [np.zeros(5, np.float32), np.zeros(6, np.float32)], support=2)
+
+
+def test_ten_thousand_sparse_canaries_of_support_1000_at_paper_cnn_size_take_about_a_second() -> None:
+    """Measured on the 2-core development machine: ~0.8–1.1 s for 10,000 (~25 ms each dense: ~4 min)."""
+    size, support, canaries = 1_663_370, 1_000, 10_000
+    timings = []
+    for _ in range(3):  # best of up to three: the machine is shared
+        start = time.perf_counter()
+        for index in range(canaries):
+            sparse_canary_direction(SEED, index, size, support)
+        timings.append(time.perf_counter() - start)
+        if timings[-1] < 2.0:
+            break
+    print(f"10,000 sparse canaries (support 1,000, d = 1,663,370): {min(timings):.2f} s")
+    assert min(timings) < 2.0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -308,6 +459,64 @@ def test_random_scores_certify_nothing_in_most_seeds() -> None:
         bounds.append(one_run_lower_bound(rng.normal(size=1000), rng.random(1000) < 0.5, 1e-5).epsilon)
     assert sum(bound == 0.0 for bound in bounds) >= 18
     assert max(bounds) < 0.5
+
+
+@pytest.mark.parametrize("m", [20, 21, 200, 1001])
+@pytest.mark.parametrize(("delta", "confidence"), [(0.0, 0.95), (1e-4, 0.95), (1e-3, 0.9)])
+def test_certifiable_epsilon_is_the_lower_bound_of_perfectly_separated_scores(
+    m: int, delta: float, confidence: float
+) -> None:
+    rng = np.random.default_rng(m)
+    inserted = rng.permutation(np.arange(m) < (m + 1) // 2)  # ⌈m/2⌉ inserted, in random positions
+    scores = rng.normal(size=m) + 100.0 * inserted  # every inserted canary above every other
+    ceiling = certifiable_epsilon(m, delta, confidence)
+    assert ceiling == one_run_lower_bound(scores, inserted, delta, confidence=confidence).epsilon
+    assert ceiling == certifiable_epsilon(m, delta, confidence, guesses=default_guess_counts(m))
+    # An imperfect ranking certifies no more.
+    noisy = rng.normal(size=m) + 2.0 * inserted
+    assert one_run_lower_bound(noisy, inserted, delta, confidence=confidence).epsilon <= ceiling
+
+
+@pytest.mark.parametrize("m", [20, 500, 5000])
+def test_pure_dp_ceiling_is_the_bonferroni_binomial_tail(m: int) -> None:
+    """δ = 0, all r = m guesses right: P[Bin(m, q) = m] = q^m = (1 − confidence)/n, n the counts tried."""
+    n = len(default_guess_counts(m))
+    q = (0.05 / n) ** (1 / m)
+    assert certifiable_epsilon(m, 0.0) == pytest.approx(math.log(q / (1 - q)), abs=1e-9)
+
+
+def test_no_outcome_rejects_an_epsilon_above_the_ceiling() -> None:
+    m, delta = 40, 1e-3
+    ceiling = certifiable_epsilon(m, delta)
+    counts = default_guess_counts(m)
+    significance = 0.05 / len(counts)
+    for count in counts:
+        for right in range(count + 1):
+            for above in (1e-6, 0.1, 1.0):
+                assert one_run_p_value(m, count, right, ceiling + above, delta) >= significance
+
+
+# (K, δ_LB = 0.01/K, ceiling): the audit's default lower-bound δ; the accountant's ε of CPU Table IV (σ = 0.95,
+# q = 0.1, 12 rounds, Poisson, RDP) at those δ is 3.80, 4.23 and 4.73.
+CEILINGS = [(500, 2e-5, 4.572666468255193), (2000, 5e-6, 5.888899119308917), (10000, 1e-6, 7.440627968986519)]
+
+
+def test_pinned_ceilings_grow_with_the_number_of_canaries() -> None:
+    values = [certifiable_epsilon(m, delta) for m, delta, _ in CEILINGS]
+    assert values == pytest.approx([pinned for _, _, pinned in CEILINGS], rel=1e-9)
+    assert np.all(np.diff(values) > 0)
+    # At a fixed δ the 2mδ term bites: δ must shrink with m for the ceiling to grow.
+    assert [certifiable_epsilon(2000, delta) for delta in (0.0, 1e-5, 1e-3, 1e-2)] == pytest.approx(
+        [5.975272624131321, 5.780681866614032, 0.8794196624412507, 0.0], rel=1e-9
+    )
+    with pytest.raises(ValueError):
+        certifiable_epsilon(0, 1e-5)
+    with pytest.raises(ValueError):
+        certifiable_epsilon(100, 1.0)
+    with pytest.raises(ValueError):
+        certifiable_epsilon(100, 1e-5, confidence=1.0)
+    with pytest.raises(ValueError):
+        certifiable_epsilon(100, 1e-5, guesses=[101])
 
 
 # ------------------------------------------------------------------------------------------------------------
