@@ -249,6 +249,9 @@ class AuditConfig:
     #: δ of the one-run lower bound (compared with the accountant's ε at the same δ); None = min(run δ, 0.01/K),
     #: which keeps the bound's δ term 2Kδ (Steinke et al. Thm 5.2) at most 0.02.
     lower_bound_delta: float | None = None
+    #: Coordinates of a canary's direction: None = dense (uniform on the sphere); s = sparse, s random coordinates
+    #: (fl_app/privacy/audit.py ``sparse_canary_direction``: ~150x cheaper to draw and score, so K can be large).
+    support: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -391,6 +394,7 @@ def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
     bound_delta = section.get("lower_bound_delta")
     _require(bound_delta is None or (_finite(bound_delta) and 0 < float(bound_delta) < 1), "audit.lower_bound_delta",
              bound_delta, "delta in (0, 1) or null for min(privacy.delta, 0.01 / audit.canaries)")  # fmt: skip
+    support = _optional_integer(section, "support", p, 1)
     return AuditConfig(
         canaries=canaries,
         seed=seed,
@@ -398,6 +402,7 @@ def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
         canary_scale=scale,
         confidence=confidence,
         lower_bound_delta=None if bound_delta is None else float(bound_delta),
+        support=support,
     )
 
 

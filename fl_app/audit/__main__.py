@@ -41,6 +41,8 @@ def load(run_dir: Path) -> tuple[AuditResult, dict[str, np.ndarray]]:
         int(arrays["round"]),
         _none_if_nan(float(arrays["accountant_epsilon"])),
         _none_if_nan(float(arrays["accountant_epsilon_at_bound_delta"])),
+        # Older audit files have dense canaries only.
+        int(arrays["support"]) or None if "support" in arrays else None,
     )
     return result, arrays
 

@@ -16,7 +16,8 @@ exactly the accounted mechanism with a few more clients in the sum.
 
 After each round the model delta Δ_t = w_t − w_{t−1} is kept (``<run dir>/audit/delta_XXXXX.npy``: the released
 models are published anyway); when the audit is evaluated the dot products ⟨u_i, Δ_t⟩ of every canary with every
-round not yet scored are computed (K·d normal draws per evaluation); the deltas are dropped when the run ends.
+round not yet scored are computed (K·d normal draws per evaluation, or K·s with sparse canaries of ``audit.support``
+= s coordinates); the deltas are dropped when the run ends.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ class CanaryAudit:
         )
         self.shapes = [tuple(shape) for shape in shapes]
         self.size = int(sum(math.prod(shape) for shape in self.shapes))
+        if config.support is not None and not 1 <= config.support <= self.size:
+            raise ValueError(f"audit.support={config.support} must be in [1, {self.size}] (the model's size) or null")
         self.directory = directory
         k = config.canaries
         self.inserted = make_rng(self.seed, AUDIT_DRAWS, MEMBERSHIP).random(k) < 0.5
@@ -156,7 +159,13 @@ class CanaryAudit:
         """Canary ``index``'s update before the mechanism: ``canary_scale · C · u_i`` in the model's shapes, with
         the round's C (adaptive clipping moves it; default: the C the audit was created with)."""
         scale = self.config.canary_scale * (self.clip_norm if clip_norm is None else clip_norm)
-        flat = stats.canary_direction(self.seed, index, self.size) * np.float32(scale)
+        if self.config.support is None:
+            direction = stats.canary_direction(self.seed, index, self.size)
+        else:
+            direction = stats.to_dense(
+                *stats.sparse_canary_direction(self.seed, index, self.size, self.config.support), self.size
+            )
+        flat = direction * np.float32(scale)
         return _unflatten(flat, self.shapes)
 
     def observe(self, server_round: int, before: list[np.ndarray], after: list[np.ndarray]) -> None:
@@ -195,7 +204,7 @@ class CanaryAudit:
         if not rounds:
             return
         deltas = [np.load(d) if isinstance(d, Path) else d for d in pending.values()]
-        dots = stats.canary_dots(self.seed, range(self.config.canaries), deltas)
+        dots = stats.canary_dots(self.seed, range(self.config.canaries), deltas, support=self.config.support)
         self.dots = np.concatenate([self.dots, dots], axis=1)
         self.delta_norms += [float(np.linalg.norm(d.astype(np.float64))) for d in deltas]
         for server_round in pending:
@@ -209,7 +218,7 @@ class CanaryAudit:
             self.dots, np.asarray(self.delta_norms), self.final_delta_norm(), self.inserted, self.size, self.delta,
             self.bound_delta, self.config.confidence, self.seed, server_round,
             None if epsilon_at is None else epsilon_at(self.delta),
-            None if epsilon_at is None else epsilon_at(self.bound_delta),
+            None if epsilon_at is None else epsilon_at(self.bound_delta), self.config.support,
         )  # fmt: skip
 
     def final_delta_norm(self) -> float:
@@ -236,6 +245,7 @@ class CanaryAudit:
                 accountant_epsilon=_nan_if_none(result.accountant_epsilon),
                 accountant_epsilon_at_bound_delta=_nan_if_none(result.accountant_epsilon_at_bound_delta),
                 round=result.round,
+                support=0 if self.config.support is None else self.config.support,  # 0: dense
             )
 
     def finish(self) -> None:
@@ -299,8 +309,10 @@ def evaluate_statistics(
     server_round: int,
     accountant_epsilon: float | None,
     accountant_epsilon_at_bound_delta: float | None,
+    support: int | None = None,
 ) -> AuditResult:
-    """The audit from the saved statistics (shared by the run and ``python -m fl_app.audit``)."""
+    """The audit from the saved statistics (shared by the run and ``python -m fl_app.audit``); ``support`` is that of
+    sparse canaries (None: dense)."""
     if not math.isfinite(final_delta_norm):
         final_delta_norm = float(np.linalg.norm(dots.sum(axis=1)))  # pragma: no cover - fallback only
     final = stats.final_model_statistics(dots, final_delta_norm)
@@ -315,9 +327,10 @@ def evaluate_statistics(
 
     return AuditResult(
         round=server_round,
-        # The final model is one vector independent of a never-inserted direction: its cosine is exactly N(0, 1/d)
-        # (Andrew et al. §4). The maximum over rounds has no closed form: its null is fitted.
-        estimate_final=estimate(final, 1, (0.0, 1.0 / math.sqrt(size))),
+        # The final model is one vector independent of a never-inserted direction: the cosine of a dense (uniform)
+        # direction with it is exactly N(0, 1/d) (Andrew et al. §4); a sparse one's has heavier tails, so its null is
+        # fitted, as the maximum over rounds' always is (no closed form).
+        estimate_final=estimate(final, 1, (0.0, 1.0 / math.sqrt(size)) if support is None else None),
         estimate_iterates=estimate(iterates, 2, None),
         lower_bound=stats.one_run_lower_bound(iterates, inserted, bound_delta, confidence=confidence),
         accountant_epsilon=accountant_epsilon,

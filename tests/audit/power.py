@@ -134,9 +134,13 @@ CORRECT_CLIENT_PATH = Weakening(
 CORRECT_Q25 = Weakening("none, q = 0.25", contextlib.nullcontext, WEAKENINGS["sampling 2x, q = 0.25"].overrides)
 
 
-def audit_run(weakening: Weakening, canaries: int, seed: int, rounds: int = ROUNDS) -> AuditResult:
-    """One audited run of the Table IV privacy on the fake grid, with ``weakening`` in place; its final audit."""
-    strategy = build(*TABLE4, f"audit.canaries={canaries}", f"seed={seed}", *weakening.overrides)
+def audit_run(
+    weakening: Weakening, canaries: int, seed: int, rounds: int = ROUNDS, support: int | None = None
+) -> AuditResult:
+    """One audited run of the Table IV privacy on the fake grid, with ``weakening`` in place; its final audit
+    (``support``: sparse canaries on that many coordinates)."""
+    sparse = () if support is None else (f"audit.support={support}",)
+    strategy = build(*TABLE4, f"audit.canaries={canaries}", f"seed={seed}", *sparse, *weakening.overrides)
     with weakening.patch():
         strategy.start(ClientPathGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds)
     result = strategy.audit_result
@@ -148,13 +152,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.audit.power", description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=10, help="runs per cell (seeds 0..N-1)")
     parser.add_argument("--canaries", type=int, nargs="+", default=[500, 2000])
+    parser.add_argument("--support", type=int, default=None, help="sparse canaries on this many coordinates")
     parser.add_argument("--only", nargs="+", default=None, help="weakenings to run, by name prefix (default: all)")
     args = parser.parse_args(argv)
     from flwr.supercore.task_identity import TaskIdentity  # flwr Messages need a task identity outside a ServerApp
 
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0  # type: ignore[attr-defined]
     logging.getLogger("flwr").setLevel(logging.ERROR)
-    print(f"d = 20,000, {ROUNDS} rounds, M = 100, q = 0.1, σ = 0.95, δ = 0.01; {args.seeds} seeds per row")
+    kind = "dense canaries" if args.support is None else f"sparse canaries on {args.support} coordinates"
+    print(f"d = 20,000, {ROUNDS} rounds, M = 100, q = 0.1, σ = 0.95, δ = 0.01; {kind}; {args.seeds} seeds per row")
     print("| weakening | K | alarms | violations | ε̂ iterates (median) [median low end] | ε̂ final (median) "
           "| lower bound (median; accountant at its δ) | accountant ε | s / run |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -166,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     for weakening in chosen:
         for k in args.canaries:
             started = time.perf_counter()
-            results = [audit_run(weakening, k, seed) for seed in range(args.seeds)]
+            results = [audit_run(weakening, k, seed, support=args.support) for seed in range(args.seeds)]
             seconds = (time.perf_counter() - started) / args.seeds
             iterates = statistics.median(r.estimate_iterates.epsilon for r in results)
             iterates_low = statistics.median(r.estimate_iterates.low for r in results)

@@ -265,6 +265,34 @@ def test_audit_npz_recomputes_to_what_the_run_reported_and_plots(tmp_path: Path,
     assert (tmp_path / "audit.png").stat().st_size > 10_000
 
 
+def test_sparse_canaries_insert_their_sparse_direction_and_recompute_from_audit_npz(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``audit.support=s``: each canary is C·u_i on s coordinates (what it inserts is what is scored), the models
+    differ by exactly those, and ``python -m fl_app.audit`` recomputes the run's numbers (fitted final-model null)."""
+    plain = _run(grid=HonestGrid())
+    sparse = _run(
+        "audit=canaries", "audit.canaries=200", "audit.support=50", grid=HonestGrid(), checkpoint_dir=tmp_path
+    )
+    assert sparse.canaries is not None and sparse.audit_result is not None
+    canaries = [i for t in range(1, 4) for i in sparse.canaries.participants(t)]
+    assert canaries
+    for index in canaries[:3]:
+        assert np.count_nonzero(flat(sparse.canaries.update(index))) == 50
+    directions = (stats.sparse_canary_direction(sparse.canaries.seed, i, D, 50) for i in canaries)
+    expected = sum(stats.to_dense(idx, val, D).astype(np.float64) * C / 10.0 for idx, val in directions)
+    np.testing.assert_allclose(flat(sparse.final_weights) - flat(plain.final_weights), expected, atol=1e-6)
+    assert audit_main([str(tmp_path)]) == 0
+    printed = json.loads(capsys.readouterr().out.split("\nwrote ")[0])
+    assert printed["audit_eps_estimate_final"] == pytest.approx(sparse.audit_result.estimate_final.epsilon)
+    assert printed["audit_eps_lower_bound"] == pytest.approx(sparse.audit_result.lower_bound.epsilon)
+
+
+def test_a_sparse_support_larger_than_the_model_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"audit\.support"):
+        _run("audit=canaries", "audit.canaries=40", f"audit.support={D + 1}")
+
+
 def test_audit_main_says_why_without_an_audit_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert audit_main([str(tmp_path)]) == 2
     assert "audit.canaries=0" in capsys.readouterr().err
