@@ -174,6 +174,20 @@ class FakeGrid:
         return replies
 
 
+class CrashInRound(FakeGrid):
+    """The server dies (KeyboardInterrupt, as a SIGINT would) while round ``crash_round`` is under way, after the
+    earlier rounds released their models."""
+
+    def __init__(self, crash_round: int) -> None:
+        super().__init__()
+        self.crash_round = crash_round
+
+    def send_and_receive(self, messages, timeout=None):
+        if len(self.sent) + 1 == self.crash_round:
+            raise KeyboardInterrupt("killed")
+        return super().send_and_receive(messages, timeout)
+
+
 class InProcessGrid(InMemoryGrid):
     """Flower's simulation engine without Ray: each train message goes through Flower's wire format (protobuf serde)
     to the real ClientApp handler (``fl_app.client_app.train``) in this process, and its reply back the same way.

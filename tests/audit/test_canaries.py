@@ -25,7 +25,7 @@ from fl_app.privacy import audit as stats
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
 from tests.audit.power import ClientPathGrid
-from tests.helpers import FakeGrid, build, flat, partition_of, reply, with_norm, zeros
+from tests.helpers import CrashInRound, FakeGrid, build, flat, partition_of, reply, with_norm, zeros
 
 SHAPES: list[tuple[int, ...]] = [(100, 150), (5000,)]  # d = 20,000
 D = 20_000
@@ -50,19 +50,6 @@ class HonestGrid(FakeGrid):
             reply(pid, with_norm(SHAPES, 2 * C, seed=1000 * self.round + pid), to=msg)
             for pid, msg in zip(pids, messages, strict=True)
         ]
-
-
-class CrashingGrid(FakeGrid):
-    """A zero-update grid whose ``crash_at``-th round never returns (the server process dies there)."""
-
-    def __init__(self, crash_at: int) -> None:
-        super().__init__()
-        self.crash_at = crash_at
-
-    def send_and_receive(self, messages: Any, timeout: float | None = None) -> list[Message]:
-        if len(self.sent) + 1 == self.crash_at:
-            raise KeyboardInterrupt("killed")
-        return super().send_and_receive(messages, timeout)
 
 
 def _run(*overrides: str, grid: FakeGrid | None = None, rounds: int = 3, **kwargs: Any) -> FederatedStrategy:
@@ -305,7 +292,7 @@ def test_a_resumed_run_audits_like_an_uninterrupted_one(tmp_path: Path) -> None:
     whole = _run(*run, rounds=5, checkpoint_dir=tmp_path / "whole")
     first = tmp_path / "resumed"
     with pytest.raises(KeyboardInterrupt):
-        _run(*run, rounds=5, checkpoint_dir=first, grid=CrashingGrid(crash_at=5))
+        _run(*run, rounds=5, checkpoint_dir=first, grid=CrashInRound(5))
     checkpoint = load_checkpoint(first)
     assert checkpoint is not None and checkpoint.round == 3
     resumed = _run(*run, rounds=5, checkpoint_dir=first, resume_from=checkpoint)

@@ -19,7 +19,7 @@ from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import compose_config, noise_stream_key
 from fl_app.instructions import TrainInstructions
 from fl_app.releases import ReleaseLog
-from tests.helpers import FakeGrid, build, delta, flat, prime, random_update, reply, zeros
+from tests.helpers import CrashInRound, FakeGrid, build, delta, flat, prime, random_update, reply, zeros
 
 SHAPES = [(20_000,), (20, 30)]
 POP = ("dataset.num_clients=50", "privacy.sample_rate=0.2")
@@ -141,19 +141,6 @@ def test_the_claim_names_who_shares_the_noise():
 
 
 # ----- resume: the key comes from the stored config, and the re-run repeats its releases ---------------------------
-
-
-class CrashInRound(FakeGrid):
-    """The server dies while round ``crash_round`` is under way."""
-
-    def __init__(self, crash_round: int) -> None:
-        super().__init__()
-        self.crash_round = crash_round
-
-    def send_and_receive(self, messages, timeout=None):
-        if len(self.sent) + 1 == self.crash_round:
-            raise KeyboardInterrupt
-        return super().send_and_receive(messages, timeout)
 
 
 def test_a_per_run_resume_draws_its_noise_again_and_repeats_its_releases(tmp_path):

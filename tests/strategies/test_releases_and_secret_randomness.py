@@ -18,7 +18,7 @@ from fl_app.instructions import TrainInstructions
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import compute_epsilon
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest
-from tests.helpers import FakeGrid, build, partition_of, push, random_update, zeros
+from tests.helpers import CrashInRound, FakeGrid, build, partition_of, push, random_update, zeros
 
 SHAPES = [(20, 30), (30,)]
 POP = ("dataset.num_clients=1000", "privacy.sample_rate=0.5")
@@ -84,19 +84,6 @@ def _run(overrides, tmp, rounds, grid=None, resume=None):
     initial = ArrayRecord(random_update(SHAPES, 0.1, seed=0))
     strategy.start(grid or FakeGrid(), initial, num_rounds=rounds)
     return strategy
-
-
-class CrashInRound(FakeGrid):
-    """The server dies while round ``crash_round`` is under way (after the earlier rounds released their models)."""
-
-    def __init__(self, crash_round: int) -> None:
-        super().__init__()
-        self.crash_round = crash_round
-
-    def send_and_receive(self, messages, timeout=None):
-        if len(self.sent) + 1 == self.crash_round:
-            raise KeyboardInterrupt
-        return super().send_and_receive(messages, timeout)
 
 
 @pytest.mark.parametrize("secure", [True, False])
