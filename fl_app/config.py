@@ -31,6 +31,10 @@ AccountantName = Literal["rdp", "prv", "pld"]
 #: that every seeded run of the seed draws, whatever its strategy, C or σ (paired comparisons; but two such models,
 #: published, cancel each other's noise); ``per_run``: those streams keyed also by the run's :func:`noise_stream_key`.
 NOISE_STREAMS: tuple[str, ...] = ("shared", "per_run")
+#: Guesses of the canary audit's one-run lower bound (fl_app/privacy/audit.py ``one_run_lower_bound``): "inserted"
+#: on the highest scores only (one-sided), or also "not inserted" on the lowest (two-sided, the paper's symmetric rule).
+GUESS_RULES: tuple[str, ...] = ("one_sided", "two_sided")
+GuessRule = Literal["one_sided", "two_sided"]
 NoiseStream = Literal["shared", "per_run"]
 
 
@@ -252,6 +256,10 @@ class AuditConfig:
     #: Coordinates of a canary's direction: None = dense (uniform on the sphere); s = sparse, s random coordinates
     #: (fl_app/privacy/audit.py ``sparse_canary_direction``: ~150x cheaper to draw and score, so K can be large).
     support: int | None = None
+    #: The lower bound's guesses (:data:`GUESS_RULES`). One-sided by default: an inserted canary that never joins a
+    #: round (a fraction (1 − q)^T) scores like the null whatever the mechanism, so two-sided "not inserted" guesses
+    #: on the lowest scores are partly wrong by construction and keep the bound below the accountant (docs/audit.md).
+    guess_rule: GuessRule = "one_sided"
 
     @property
     def enabled(self) -> bool:
@@ -395,6 +403,7 @@ def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
     _require(bound_delta is None or (_finite(bound_delta) and 0 < float(bound_delta) < 1), "audit.lower_bound_delta",
              bound_delta, "delta in (0, 1) or null for min(privacy.delta, 0.01 / audit.canaries)")  # fmt: skip
     support = _optional_integer(section, "support", p, 1)
+    rule = _choice(section, "guess_rule", p, GUESS_RULES) if "guess_rule" in section else "one_sided"
     return AuditConfig(
         canaries=canaries,
         seed=seed,
@@ -403,6 +412,7 @@ def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
         confidence=confidence,
         lower_bound_delta=None if bound_delta is None else float(bound_delta),
         support=support,
+        guess_rule=rule,  # type: ignore[arg-type]
     )
 
 

@@ -161,6 +161,7 @@ def test_valid_edge_values_are_accepted(overrides):
         (["privacy.target_epsilon=-1"], "privacy.target_epsilon", "> 0"),
         (["privacy.secure_noise=maybe"], "privacy.secure_noise", "auto, true or false"),
         (["privacy.noise_stream=per_client"], "privacy.noise_stream", "one of shared, per_run"),
+        (["audit=canaries", "audit.guess_rule=both"], "audit.guess_rule", "one_sided, two_sided"),
         (["client.lr=0"], "client.lr", "> 0"),
         (["client.lr=nan"], "client.lr", "finite"),
         (["client.momentum=1"], "client.momentum", "[0, 1)"),

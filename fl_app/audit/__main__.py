@@ -2,8 +2,10 @@
 
 Prints the accountant's ε, Andrew et al.'s estimates (final model; all iterates) with their bootstrap intervals and
 Steinke et al.'s lower bound, and writes ``audit.png`` (inserted vs null statistic distributions) into the run
-directory. The numbers are those the run wrote into ``run.json`` (same statistics, same bootstrap stream). Exit
-code: 0, 1 on a PRIVACY VIOLATION (the lower bound), 3 on a PRIVACY ALARM (an estimate), 2 without an audit file.
+directory. The numbers are those the run wrote into ``run.json`` (same statistics, same bootstrap stream, the run's
+``audit.guess_rule``; audit files written before the rule existed were two-sided); ``--guess-rule`` recomputes the
+bound with the other rule. Exit code: 0, 1 on a PRIVACY VIOLATION (the lower bound), 3 on a PRIVACY ALARM (an
+estimate), 2 without an audit file.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from typing import Any
 import numpy as np
 
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, evaluate_statistics
+from fl_app.config import GUESS_RULES, GuessRule
 from fl_app.privacy import audit as stats
 
 
-def load(run_dir: Path) -> tuple[AuditResult, dict[str, np.ndarray]]:
-    """The audit of ``run_dir`` recomputed from its ``audit.npz`` (and the raw arrays)."""
+def load(run_dir: Path, guess_rule: GuessRule | None = None) -> tuple[AuditResult, dict[str, np.ndarray]]:
+    """The audit of ``run_dir`` recomputed from its ``audit.npz`` (and the raw arrays), with the lower bound's
+    ``guess_rule`` (None: the run's)."""
     path = run_dir / AUDIT_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: the run had no canaries (audit.canaries=0) or did not finish")
@@ -43,6 +47,8 @@ def load(run_dir: Path) -> tuple[AuditResult, dict[str, np.ndarray]]:
         _none_if_nan(float(arrays["accountant_epsilon_at_bound_delta"])),
         # Older audit files have dense canaries only.
         int(arrays["support"]) or None if "support" in arrays else None,
+        # Older audit files guessed two-sided (the only rule before audit.guess_rule).
+        guess_rule or (str(arrays["guess_rule"]) if "guess_rule" in arrays else "two_sided"),  # type: ignore[arg-type]
     )
     return result, arrays
 
@@ -96,9 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fl_app.audit", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--png", type=Path, default=None, help="where to write the plot (default: <run dir>/audit.png)")
+    parser.add_argument("--guess-rule", choices=GUESS_RULES, default=None,
+                        help="the lower bound's guesses (default: the run's audit.guess_rule)")  # fmt: skip
     args = parser.parse_args(argv)
     try:
-        result, arrays = load(args.run_dir)
+        result, arrays = load(args.run_dir, args.guess_rule)
     except FileNotFoundError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from fl_app.atomic import atomic_write
-from fl_app.config import AuditConfig
+from fl_app.config import AuditConfig, GuessRule
 from fl_app.privacy import audit as stats
 from fl_app.privacy.mechanisms import make_rng
 
@@ -218,7 +218,7 @@ class CanaryAudit:
             self.dots, np.asarray(self.delta_norms), self.final_delta_norm(), self.inserted, self.size, self.delta,
             self.bound_delta, self.config.confidence, self.seed, server_round,
             None if epsilon_at is None else epsilon_at(self.delta),
-            None if epsilon_at is None else epsilon_at(self.bound_delta), self.config.support,
+            None if epsilon_at is None else epsilon_at(self.bound_delta), self.config.support, self.config.guess_rule,
         )  # fmt: skip
 
     def final_delta_norm(self) -> float:
@@ -246,6 +246,7 @@ class CanaryAudit:
                 accountant_epsilon_at_bound_delta=_nan_if_none(result.accountant_epsilon_at_bound_delta),
                 round=result.round,
                 support=0 if self.config.support is None else self.config.support,  # 0: dense
+                guess_rule=self.config.guess_rule,
             )
 
     def finish(self) -> None:
@@ -310,9 +311,10 @@ def evaluate_statistics(
     accountant_epsilon: float | None,
     accountant_epsilon_at_bound_delta: float | None,
     support: int | None = None,
+    guess_rule: GuessRule = "one_sided",
 ) -> AuditResult:
     """The audit from the saved statistics (shared by the run and ``python -m fl_app.audit``); ``support`` is that of
-    sparse canaries (None: dense)."""
+    sparse canaries (None: dense), ``guess_rule`` the lower bound's guesses (``audit.guess_rule``)."""
     if not math.isfinite(final_delta_norm):
         final_delta_norm = float(np.linalg.norm(dots.sum(axis=1)))  # pragma: no cover - fallback only
     final = stats.final_model_statistics(dots, final_delta_norm)
@@ -332,7 +334,7 @@ def evaluate_statistics(
         # fitted, as the maximum over rounds' always is (no closed form).
         estimate_final=estimate(final, 1, (0.0, 1.0 / math.sqrt(size)) if support is None else None),
         estimate_iterates=estimate(iterates, 2, None),
-        lower_bound=stats.one_run_lower_bound(iterates, inserted, bound_delta, confidence=confidence),
+        lower_bound=stats.one_run_lower_bound(iterates, inserted, bound_delta, confidence=confidence, rule=guess_rule),
         accountant_epsilon=accountant_epsilon,
         accountant_epsilon_at_bound_delta=accountant_epsilon_at_bound_delta,
     )

@@ -42,6 +42,14 @@ chances of a false certificate, so each of the n counts tried is tested at signi
 right the bound cannot exceed a ceiling set by m, δ and the confidence alone (:func:`certifiable_epsilon`): an audit
 only has teeth where that ceiling is above the accountant's ε, and the ceiling grows with the number of canaries.
 
+Which guesses (:data:`GUESS_RULES`): ``two_sided`` splits each count between the highest scores ("included") and
+the lowest ("excluded"), the paper's symmetric rule; ``one_sided`` guesses "included" on the highest scores only
+and abstains on the rest (k₋ = 0, which the theorem allows: it holds for any guesses that are a function of the
+scores). In a federated run an inserted canary joins each round only with the sampling rate q, so a fraction
+(1 − q)^T of the inserted ones never joins and scores like the null under *any* mechanism: the two-sided rule's
+"excluded" guesses on the lowest scores are then partly wrong whatever the mechanism does, and its bound stays
+below the accountant's ε even for a mechanism with no noise at all; the one-sided rule loses nothing to them.
+
 **Sparse canaries**, to make many canaries affordable (:func:`sparse_canary_direction`): a unit vector supported on
 s ≪ d coordinates drawn uniformly without replacement, with Gaussian values. Generating one costs O(s) draws
 instead of O(d) and scoring it against r deltas O(s·r) instead of O(d·r) (``canary_dots(..., support=s)``).
@@ -66,10 +74,12 @@ from scipy.optimize import brentq
 from scipy.special import expit, log_ndtr
 from scipy.stats import binom
 
+from fl_app.config import GUESS_RULES, GuessRule
 from fl_app.privacy.mechanisms import global_l2_norm, make_rng
 
 __all__ = [
     "AUDIT_STREAM",
+    "GUESS_RULES",
     "SPARSE_CANARY_KEY",
     "EpsilonEstimate",
     "LowerBound",
@@ -605,6 +615,19 @@ def estimate_epsilon(
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _check_rule(rule: object) -> GuessRule:
+    if rule not in GUESS_RULES:
+        raise ValueError(f"rule must be one of {GUESS_RULES}, got {rule!r}")
+    return rule  # type: ignore[return-value]
+
+
+def _split_guesses(count: int, rule: GuessRule) -> tuple[int, int]:
+    """(guesses "inserted" on the highest scores, guesses "not inserted" on the lowest) of ``count`` guesses."""
+    if rule == "one_sided":
+        return count, 0
+    return (count + 1) // 2, count // 2
+
+
 @dataclass(frozen=True)
 class LowerBound:
     """A statistically valid lower bound on ε: unless an event of probability ≤ 1 − ``confidence`` (over the
@@ -626,6 +649,7 @@ class LowerBound:
     confidence: float
     tried: tuple[int, ...]
     significance: float
+    rule: GuessRule = "two_sided"
 
 
 def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, delta: float) -> float:
@@ -701,14 +725,20 @@ def _guess_counts(canaries: int, guesses: Sequence[int] | None) -> tuple[int, ..
 
 
 def certifiable_epsilon(
-    canaries: int, delta: float, confidence: float = 0.95, *, guesses: Sequence[int] | None = None
+    canaries: int,
+    delta: float,
+    confidence: float = 0.95,
+    *,
+    guesses: Sequence[int] | None = None,
+    rule: GuessRule = "two_sided",
 ) -> float:
     """The ceiling of :func:`one_run_lower_bound` with m = ``canaries``: the ε it certifies when every guess is right.
 
     Steinke, Nasr & Jagielski's bound depends on the scores only through the number v of right guesses out of
     each count r tried; with perfect separation (the ⌈m/2⌉ inserted canaries all score above the ⌊m/2⌋ others)
-    every count gets v = r, and the result is max_r of the largest ε whose p-value (:func:`one_run_p_value` with
-    v = r) is below (1 − confidence)/n, n the number of counts (``guesses``, default :func:`default_guess_counts`).
+    every two-sided count gets v = r (a one-sided count v = min(r, ⌈m/2⌉): past the inserted canaries its guesses
+    are wrong), and the result is max_r of the largest ε whose p-value (:func:`one_run_p_value`) is below
+    (1 − confidence)/n, n the number of counts (``guesses``, default :func:`default_guess_counts`).
     This is what the audit can certify at best with m canaries, δ and that confidence, however strong the signal:
     a bound can only show that the accountant's ε is violated where this ceiling is above it. At δ = 0 it is
     logit(((1 − confidence)/n)^(1/m)), growing like log m. It shrinks as δ grows, through the p-value's 2mδ term —
@@ -716,14 +746,15 @@ def certifiable_epsilon(
     shrink like 1/m for the ceiling to keep growing, as the audit's default δ_LB = min(δ, 0.01/m) does
     (2mδ ≤ 0.02): 3.05, 4.57, 5.89, 7.44, 8.98 at m = 100, 500, 2000, 10⁴, 5·10⁴.
 
-    It is exactly ``one_run_lower_bound(scores, inserted, delta, confidence=confidence, guesses=guesses).epsilon``
-    for perfectly separated scores with ⌈m/2⌉ inserted; it does not look at any scores and costs one bisection
-    per guess count (~1 s at m = 50,000 with the default counts).
+    It is exactly ``one_run_lower_bound(scores, inserted, delta, confidence=confidence, guesses=guesses,
+    rule=rule).epsilon`` for perfectly separated scores with ⌈m/2⌉ inserted; it does not look at any scores and costs
+    one bisection per guess count (~1 s at m = 50,000 with the default counts).
 
     Perfect separation needs every inserted canary to leave a trace. One that was inserted but never joined a
     round (a fraction (1 − q)^T of them when each round samples canaries at rate q: 28% at q = 0.1, T = 12) is
     indistinguishable from a never-inserted one under any mechanism, so the "not inserted" guesses on the lowest
-    scores are wrong for some of them and the bound a run can reach is lower than this ceiling
+    scores are wrong for some of them and the bound a two-sided run can reach is lower than this ceiling; the
+    one-sided rule does not guess on the lowest scores and keeps it up to the number of canaries that joined
     (bench/audit_power_k.py simulates that case).
     """
     m = _non_negative_int("canaries", canaries)
@@ -732,9 +763,16 @@ def certifiable_epsilon(
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1), got {delta!r}")
     confidence = _check_confidence(confidence)
+    rule = _check_rule(rule)
     counts = _guess_counts(m, guesses)
     significance = (1.0 - float(confidence)) / len(counts)
-    return max(_certified_epsilon(m, int(count), int(count), float(delta), significance) for count in counts)
+    inserted = (m + 1) // 2
+    certified = []
+    for count in counts:
+        positive, negative = _split_guesses(int(count), rule)
+        right = min(positive, inserted) + min(negative, m - inserted)
+        certified.append(_certified_epsilon(m, int(count), right, float(delta), significance))
+    return max(certified)
 
 
 def one_run_lower_bound(
@@ -744,12 +782,14 @@ def one_run_lower_bound(
     *,
     confidence: float = 0.95,
     guesses: Sequence[int] | None = None,
+    rule: GuessRule = "two_sided",
 ) -> LowerBound:
     """Steinke, Nasr & Jagielski's one-run lower bound on ε at ``delta`` from canary scores.
 
     Higher score means "inserted". For each guess count r the auditor guesses "inserted" on the ⌈r/2⌉ highest
-    scores and "not inserted" on the ⌊r/2⌋ lowest and abstains on the rest; v counts the right
-    guesses and :func:`one_run_p_value` tests (ε, δ)-DP. Every count in ``guesses`` (default
+    scores and "not inserted" on the ⌊r/2⌋ lowest (``rule="two_sided"``), or "inserted" on the r highest
+    (``rule="one_sided"``), and abstains on the rest; v counts the right guesses and :func:`one_run_p_value`
+    tests (ε, δ)-DP. Every count in ``guesses`` (default
     :func:`default_guess_counts`) is tested at significance (1 − confidence)/n, n the number of distinct counts
     (Bonferroni), and the largest certified ε is returned, so the result is a valid lower bound with probability
     ≥ ``confidence``. 0.0 means nothing could be certified.
@@ -770,6 +810,7 @@ def one_run_lower_bound(
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1), got {delta!r}")
     confidence = _check_confidence(confidence)
+    rule = _check_rule(rule)
     m = score.size
     counts = _guess_counts(m, guesses)
     significance = (1.0 - float(confidence)) / len(counts)
@@ -783,7 +824,7 @@ def one_run_lower_bound(
 
     best: tuple[float, int, int, int, int] | None = None
     for count in counts:
-        positive, negative = (count + 1) // 2, count // 2
+        positive, negative = _split_guesses(int(count), rule)
         right = int(correct_high[positive] + correct_low[negative])
         epsilon = _certified_epsilon(m, int(count), right, float(delta), significance)
         if best is None or epsilon > best[0]:
@@ -801,4 +842,5 @@ def one_run_lower_bound(
         confidence=float(confidence),
         tried=tuple(int(c) for c in counts),
         significance=significance,
+        rule=rule,
     )

@@ -37,6 +37,7 @@ from flwr.app import ArrayRecord, Message
 
 from clients.recipes import privatize_update
 from fl_app.audit.canaries import AuditResult
+from fl_app.config import GUESS_RULES
 from fl_app.instructions import TrainInstructions
 from fl_app.privacy import mechanisms as mech
 from tests.helpers import FakeGrid, build, partition_of, reply, zeros
@@ -135,12 +136,18 @@ CORRECT_Q25 = Weakening("none, q = 0.25", contextlib.nullcontext, WEAKENINGS["sa
 
 
 def audit_run(
-    weakening: Weakening, canaries: int, seed: int, rounds: int = ROUNDS, support: int | None = None
+    weakening: Weakening,
+    canaries: int,
+    seed: int,
+    rounds: int = ROUNDS,
+    support: int | None = None,
+    guess_rule: str = "one_sided",
 ) -> AuditResult:
     """One audited run of the Table IV privacy on the fake grid, with ``weakening`` in place; its final audit
-    (``support``: sparse canaries on that many coordinates)."""
+    (``support``: sparse canaries on that many coordinates; ``guess_rule``: the lower bound's guesses)."""
     sparse = () if support is None else (f"audit.support={support}",)
-    strategy = build(*TABLE4, f"audit.canaries={canaries}", f"seed={seed}", *sparse, *weakening.overrides)
+    strategy = build(*TABLE4, f"audit.canaries={canaries}", f"seed={seed}", f"audit.guess_rule={guess_rule}", *sparse,
+                     *weakening.overrides)  # fmt: skip
     with weakening.patch():
         strategy.start(ClientPathGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds)
     result = strategy.audit_result
@@ -154,13 +161,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--canaries", type=int, nargs="+", default=[500, 2000])
     parser.add_argument("--support", type=int, default=None, help="sparse canaries on this many coordinates")
     parser.add_argument("--only", nargs="+", default=None, help="weakenings to run, by name prefix (default: all)")
+    parser.add_argument("--guess-rule", choices=GUESS_RULES, default="one_sided", help="the lower bound's guesses")
     args = parser.parse_args(argv)
     from flwr.supercore.task_identity import TaskIdentity  # flwr Messages need a task identity outside a ServerApp
 
     TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = 1, 1, 0  # type: ignore[attr-defined]
     logging.getLogger("flwr").setLevel(logging.ERROR)
     kind = "dense canaries" if args.support is None else f"sparse canaries on {args.support} coordinates"
-    print(f"d = 20,000, {ROUNDS} rounds, M = 100, q = 0.1, σ = 0.95, δ = 0.01; {kind}; {args.seeds} seeds per row")
+    print(f"d = 20,000, {ROUNDS} rounds, M = 100, q = 0.1, σ = 0.95, δ = 0.01; {kind}; {args.seeds} seeds per row; "
+          f"lower bound {args.guess_rule}")  # fmt: skip
     print("| weakening | K | alarms | violations | ε̂ iterates (median) [median low end] | ε̂ final (median) "
           "| lower bound (median; accountant at its δ) | accountant ε | s / run |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -172,7 +181,10 @@ def main(argv: list[str] | None = None) -> None:
     for weakening in chosen:
         for k in args.canaries:
             started = time.perf_counter()
-            results = [audit_run(weakening, k, seed, support=args.support) for seed in range(args.seeds)]
+            results = [
+                audit_run(weakening, k, seed, support=args.support, guess_rule=args.guess_rule)
+                for seed in range(args.seeds)
+            ]
             seconds = (time.perf_counter() - started) / args.seeds
             iterates = statistics.median(r.estimate_iterates.epsilon for r in results)
             iterates_low = statistics.median(r.estimate_iterates.low for r in results)

@@ -37,9 +37,22 @@ def test_a_weakened_mechanism_raises_the_alarm(name: str, caplog: pytest.LogCapt
     assert "PRIVACY ALARM" in caplog.text
 
 
+#: The weakenings the lower bound proves (a PRIVACY VIOLATION, not only an estimate's alarm), with the canaries it
+#: takes: the one-sided bound's ceiling at K = 2,000 (5.19 at δ_LB = 5e-6) is above the accountant's 4.23 there.
+PROVEN = {"noise x0.25": 2000}
+
+
+@pytest.mark.parametrize("name", PROVEN)
+def test_a_grossly_weakened_mechanism_is_a_violation_of_the_lower_bound(name: str) -> None:
+    result = audit_run(WEAKENINGS[name], canaries=PROVEN[name], seed=0)
+    assert result.lower_bound.rule == "one_sided"  # the audit's default guesses (audit.guess_rule)
+    assert result.accountant_epsilon_at_bound_delta is not None
+    assert result.violation and result.lower_bound.epsilon > result.accountant_epsilon_at_bound_delta
+
+
 @pytest.mark.parametrize(
     ("correct", "canaries"),
-    [(CORRECT, 500), (CORRECT_CLIENT_PATH, 500), (CORRECT_Q25, 2000)],
+    [(CORRECT, 500), (CORRECT, 2000), (CORRECT_CLIENT_PATH, 500), (CORRECT_Q25, 2000)],
     ids=lambda v: v.name if isinstance(v, Weakening) else f"K={v}",
 )
 def test_the_same_runs_done_right_raise_neither_alarm_nor_violation(correct: Weakening, canaries: int) -> None:

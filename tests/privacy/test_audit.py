@@ -519,6 +519,56 @@ def test_pinned_ceilings_grow_with_the_number_of_canaries() -> None:
         certifiable_epsilon(100, 1e-5, guesses=[101])
 
 
+def test_one_sided_guesses_take_only_the_highest_scores() -> None:
+    scores = np.array([5.0, 4.0, 3.0, 2.0, 1.0, 0.0])
+    inserted = np.array([True, False, True, False, False, True])
+    bound = one_run_lower_bound(scores, inserted, 0.0, guesses=[3], rule="one_sided")
+    # "in" on 5 (right), 4 (wrong), 3 (right); no "out" guess, so the inserted 0 at the bottom costs nothing.
+    assert (bound.positive_guesses, bound.negative_guesses, bound.correct, bound.rule) == (3, 0, 2, "one_sided")
+    two = one_run_lower_bound(scores, inserted, 0.0, guesses=[3])
+    assert (two.positive_guesses, two.negative_guesses, two.correct, two.rule) == (2, 1, 1, "two_sided")
+    with pytest.raises(ValueError, match="rule"):
+        one_run_lower_bound(scores, inserted, 0.0, rule="both")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rule"):
+        certifiable_epsilon(100, 1e-5, rule="top")  # type: ignore[arg-type]
+
+
+def test_one_sided_random_scores_certify_nothing_in_most_seeds() -> None:
+    """Validity does not depend on the rule: under the null the one-sided bound is 0 in ≥ 18 of 20 seeds."""
+    bounds = []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        scores, inserted = rng.normal(size=1000), rng.random(1000) < 0.5
+        bounds.append(one_run_lower_bound(scores, inserted, 1e-5, rule="one_sided").epsilon)
+    assert sum(bound == 0.0 for bound in bounds) >= 18
+    assert max(bounds) < 0.5
+
+
+@pytest.mark.parametrize("m", [20, 21, 200, 1001])
+@pytest.mark.parametrize("delta", [0.0, 1e-4])
+def test_one_sided_certifiable_epsilon_is_the_bound_of_perfectly_separated_scores(m: int, delta: float) -> None:
+    rng = np.random.default_rng(m)
+    inserted = rng.permutation(np.arange(m) < (m + 1) // 2)
+    scores = rng.normal(size=m) + 100.0 * inserted
+    ceiling = certifiable_epsilon(m, delta, rule="one_sided")
+    assert ceiling == one_run_lower_bound(scores, inserted, delta, rule="one_sided").epsilon
+    # With every canary separable the two-sided rule guesses twice as often and certifies more.
+    assert ceiling < certifiable_epsilon(m, delta)
+
+
+def test_canaries_that_never_joined_cost_the_two_sided_rule_and_not_the_one_sided() -> None:
+    """The reason the app guesses one-sided (audit.guess_rule): an inserted canary that never joined a round scores
+    like the null under any mechanism. Here 28% of the inserted never joined ((1 − q)^T at q = 0.1, T = 12) and the
+    joined ones all stand out: K = 2,000 at δ_LB = 5e-6, where CPU Table IV's accountant says 4.23."""
+    rng = np.random.default_rng(0)
+    inserted = rng.random(2000) < 0.5
+    joined = inserted & (rng.random(2000) < 1 - 0.9**12)
+    scores = rng.normal(size=2000) + 100.0 * joined
+    one = one_run_lower_bound(scores, inserted, 5e-6, rule="one_sided").epsilon
+    two = one_run_lower_bound(scores, inserted, 5e-6, rule="two_sided").epsilon
+    assert two < 2.0 < 4.23 < one
+
+
 # ------------------------------------------------------------------------------------------------------------
 # End to end: the bare Gaussian mechanism (no training), ρ = Σ_{inserted} u_i + N(0, σ² I)
 # ------------------------------------------------------------------------------------------------------------
