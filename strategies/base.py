@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from logging import ERROR, INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -67,7 +68,7 @@ from fl_app.instructions import (
     make_train_instructions,
     resolve_cohort_engine,
 )
-from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter
+from fl_app.metrics import OPERATOR_FILE, MetricsWriter
 from fl_app.models import build_model_for_dataset, check_vectorizable, resolve_device
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
@@ -89,16 +90,7 @@ from strategies.population import Population, balance_cohorts
 from strategies.releasing import RunReleases
 from strategies.rounds import Contribution, RoundOutcome, RoundPlan
 from strategies.screening import screen
-
-#: Round-record fields computed from individual clients' raw values (outside ε): published only with
-#: ``privacy.client_statistics=raw``.
-CLIENT_DERIVED = (
-    "train_loss",
-    "train_accuracy",
-    "client_norms",
-    *mech.CLIPPING_STATS_KEYS,
-    *(f"first_{key}" for key in CLIENT_TIMESTAMPS),
-)
+from strategies.statistics import ClientStatistics
 
 #: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
 #: ``test_loss`` and ``test_accuracy`` (and any other numbers) from it.
@@ -174,10 +166,12 @@ class FederatedStrategy(Strategy):
         self.noise_key: int | None = noise_stream_key(config)
         #: What the run has released and spent (None for the non-private references): :meth:`make_ledger`.
         self.ledger: PrivacyLedger | None = None
-        # Resolved by resolve_settings() when "auto" (raw in simulation, none against a real SuperLink).
-        self.client_statistics: str = privacy.client_statistics
-        self.statistics_noise_multiplier = privacy.statistics_noise_multiplier or self.expected_clients / 20
-        if privacy.client_statistics == "noisy" and not (self.private and self.supports_noisy_statistics):
+        #: What the run publishes about its clients (strategies/statistics.py); "auto" is resolved by
+        #: resolve_settings() (raw in simulation, none against a real SuperLink).
+        self.statistics = ClientStatistics(
+            privacy.client_statistics, privacy.statistics_noise_multiplier or self.expected_clients / 20
+        )
+        if self.statistics.releases_noisy_count and not (self.private and self.supports_noisy_statistics):
             raise ConfigError(
                 "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
                 f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
@@ -194,11 +188,11 @@ class FederatedStrategy(Strategy):
                     sampling=privacy.sampling,
                     population=self.num_clients,
                 )
-                if privacy.client_statistics == "noisy" and privacy.clipping != "adaptive":
+                if self.statistics.releases_noisy_count and privacy.clipping != "adaptive":
                     # The calibrated multiplier is the joint one; the update gets what the statistics leave.
                     try:
                         self.noise_multiplier = mech.update_noise_for_joint(
-                            self.noise_multiplier, self.statistics_noise_multiplier
+                            self.noise_multiplier, self.statistics.noise_multiplier
                         )
                     except ValueError as exc:
                         raise ConfigError(f"invalid config value privacy.statistics_noise_multiplier: {exc}") from exc
@@ -277,8 +271,7 @@ class FederatedStrategy(Strategy):
         self._simulation = simulation
         if p.secure_noise == "auto":
             self.secure_noise = not simulation
-        if self.client_statistics == "auto":
-            self.client_statistics = "raw" if simulation else "none"
+        self.statistics = self.statistics.resolved(simulation)
         if not simulation and not self.secure_noise:
             if not p.allow_seeded_deployment:
                 raise ConfigError(
@@ -409,39 +402,20 @@ class FederatedStrategy(Strategy):
             claim["update_noise_multiplier"] = self.noise_multiplier
         return claim
 
+    @property
+    def client_statistics(self) -> str:
+        """The run's ``privacy.client_statistics`` mode (raw | noisy | none; "auto" until resolved)."""
+        return self.statistics.mode
+
     def client_statistics_claim(self) -> str:
         """What the published files say about clients, and whether ε covers it (``run.json``)."""
-        mode = self.client_statistics
-        if mode == "raw":
-            return ("raw: per-client pre-clip norms, their statistics, mean local train loss/accuracy and the "
-                    "counts of sampled, answering and rejected clients are published unprotected; epsilon does not "
-                    "cover them")  # fmt: skip
-        if mode == "noisy" and isinstance(self.clipping, AdaptiveClipNorm):
-            sigma_b = self.clipping.count_stddev
-            return (f"noisy: only the clipped fraction released by adaptive clipping (sigma_b = {sigma_b:.4g} on "
-                    "the centred count), accounted jointly with the update; no count of clients")  # fmt: skip
-        if mode == "noisy":
-            sigma_s = self.statistics_noise_multiplier
-            return (f"noisy: only the clipped fraction, through a Gaussian mechanism (sigma_s = {sigma_s:.4g} on the "
-                    "count), accounted jointly with the update; no count of clients")  # fmt: skip
-        if mode == "none":
-            return ("none: no client-derived value and no count of clients is published (the counts are in the "
-                    "operator's operator_counts.jsonl, outside epsilon)")  # fmt: skip
-        return "auto: raw in simulation, none against a real SuperLink"
+        adaptive = self.clipping.count_stddev if isinstance(self.clipping, AdaptiveClipNorm) else None
+        return self.statistics.claim(adaptive)
 
     def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
-        """The round's statistics as ``client_statistics`` allows them to be published."""
-        if self.client_statistics == "raw":
-            return stats
-        public = {k: v for k, v in stats.items() if k not in CLIENT_DERIVED and k not in CLIENT_COUNTS}
-        if self.client_statistics == "noisy" and not self.adaptive_clipping:
-            # (With adaptive clipping the clipped fraction is already released, accounted, in ``stats``.)
-            clipped = sum(1 for norm in stats["client_norms"] if norm > stats["clip_norm"])
-            rng = self.noise_rng(server_round, STREAM_STATISTICS)
-            noisy = mech.noisy_count(clipped, self.statistics_noise_multiplier, rng)
-            # The fixed denominator m, like the update average; the noisy value may leave [0, 1].
-            public["fraction_clipped_noisy"] = noisy / self.expected_clients
-        return public
+        """The round's statistics as ``privacy.client_statistics`` allows them to be published."""
+        rng = partial(self.noise_rng, server_round, STREAM_STATISTICS)  # drawn only for a noisy count
+        return self.statistics.published(stats, self.expected_clients, self.adaptive_clipping, rng)
 
     def epsilon(self) -> float:
         return math.inf if self.ledger is None else self.ledger.epsilon()
@@ -458,9 +432,9 @@ class FederatedStrategy(Strategy):
             return self.noise_multiplier
         if self.adaptive_clipping:
             return self.clipping.joint_noise_multiplier(self.noise_multiplier)
-        if self.config.privacy.client_statistics != "noisy":
+        if not self.statistics.releases_noisy_count:
             return self.noise_multiplier
-        return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics_noise_multiplier)
+        return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics.noise_multiplier)
 
     def account_round(self) -> None:
         if self.ledger is not None:
@@ -693,7 +667,7 @@ class FederatedStrategy(Strategy):
         # Logs are published. A reason can name a partition (an error text a client wrote, a claimed id), and each
         # line counts a client: only runs that publish raw client statistics log them; the others keep the counts
         # in the operator's own record (operator_counts.jsonl).
-        if self.client_statistics == "raw":
+        if self.statistics.publishes_raw:
             log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, reason)
 
     def aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> RoundOutcome:
@@ -893,7 +867,7 @@ class FederatedStrategy(Strategy):
             log(INFO, "Resuming after round %d (epsilon so far %.4g)", resume_from.round, self.epsilon())
         elif checkpointer is not None:
             checkpointer.save(self, 0, initial_arrays.to_numpy_ndarrays())
-        if self.client_statistics != "raw":
+        if not self.statistics.publishes_raw:
             log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
                 "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
         if on_accounted is not None:

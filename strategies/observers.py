@@ -39,7 +39,7 @@ class MetricsLog:
         self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
     ) -> None:
         self.writer.write(record)
-        if strategy.client_statistics != "raw":
+        if not strategy.statistics.publishes_raw:
             counts = {k: outcome.stats[k] for k in CLIENT_COUNTS if k in outcome.stats}
             self.writer.write_operator({"round": server_round, **counts})
 

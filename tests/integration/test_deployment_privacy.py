@@ -19,7 +19,7 @@ import pytest
 
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
-from strategies.base import CLIENT_DERIVED
+from strategies.statistics import CLIENT_DERIVED
 from tests.integration.deploy import deployment, flwr_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -14,7 +14,7 @@ from fl_app.instructions import STREAM_ADAPTIVE_CLIP, TrainInstructions
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
-from strategies.base import CLIENT_DERIVED
+from strategies.statistics import CLIENT_DERIVED
 from tests.helpers import FakeGrid, build, delta, flat, prime, reply, with_norm, zeros
 
 SHAPES = [(4, 5), (5,)]

@@ -14,7 +14,7 @@ from fl_app.config import ConfigError
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter, read_metrics
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
-from strategies.base import CLIENT_DERIVED
+from strategies.statistics import CLIENT_DERIVED
 from tests.helpers import FakeGrid, build, error_reply, prime, reply, with_norm, zeros
 
 SHAPES = [(4, 5), (5,)]
@@ -94,7 +94,7 @@ def test_noisy_statistics_are_accounted_jointly():
     assert strategy.epsilon() == pytest.approx(compute_epsilon(joint, q, 3, delta), rel=1e-9)
     assert strategy.epsilon() > compute_epsilon(sigma, q, 3, delta)  # the extra release costs privacy
     # The default sigma_s is m / 20 (Andrew et al.).
-    assert build(*POP, "privacy.client_statistics=noisy").statistics_noise_multiplier == pytest.approx(10 / 20)
+    assert build(*POP, "privacy.client_statistics=noisy").statistics.noise_multiplier == pytest.approx(10 / 20)
 
 
 def test_target_epsilon_calibrates_the_joint_multiplier():
