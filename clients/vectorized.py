@@ -188,6 +188,37 @@ def _results(
     return out
 
 
+class _Tally:
+    """Per client of a cohort: whether it is still training (a non-finite step stops it, as on the per-client path),
+    and its example-weighted loss, correct predictions, examples seen and steps taken, in float64."""
+
+    def __init__(self, count: int, device: torch.device) -> None:
+        self.alive = torch.ones(count, dtype=torch.bool, device=device)
+        self.loss_sum = torch.zeros(count, device=device, dtype=torch.float64)
+        self.correct = torch.zeros(count, device=device, dtype=torch.float64)
+        self.seen = torch.zeros(count, device=device, dtype=torch.float64)
+        self.steps = torch.zeros(count, device=device, dtype=torch.long)
+
+    def step(self, take: torch.Tensor, weight: torch.Tensor, data_loss: torch.Tensor, hits: torch.Tensor) -> None:
+        """Count the step of the first ``len(take)`` clients (the ones with a batch this step) that took it."""
+        k = int(take.shape[0])
+        real = weight.sum(dim=1).to(torch.float64)
+        takef = take.to(torch.float64)
+        self.loss_sum[:k] += takef * data_loss.to(torch.float64) * real
+        self.correct[:k] += takef * hits.to(torch.float64)
+        self.seen[:k] += takef * real
+        self.steps[:k] += take.to(torch.long)
+        self.alive[:k] = take
+
+    def finish(
+        self, params: Params, data: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: _Plan
+    ) -> tuple[list[Params], list[LocalTrainingResult]]:
+        """Per client, in the caller's order: its final parameters (on the CPU) and its training result."""
+        sizes = [int(data[i][0].shape[0]) for i in plan.order]
+        stacked = _results(params, self.alive, self.loss_sum, self.correct, self.seen, self.steps, sizes)
+        return _unstack(params, plan.order, len(data)), _reorder(stacked, plan.order)
+
+
 def _reorder(stacked: list[LocalTrainingResult], order: list[int]) -> list[LocalTrainingResult]:
     results: list[LocalTrainingResult] = list(stacked)
     for position, i in enumerate(order):
@@ -258,11 +289,7 @@ def train_stacked(
     loss_fn = _Loss(model, regularizer)
     grad_fn = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0, 0, None))
     lr = local_lr(config.lr, config.lr_decay, server_round)
-    alive = torch.ones(count, dtype=torch.bool, device=device)
-    loss_sum = torch.zeros(count, device=device, dtype=torch.float64)
-    correct = torch.zeros(count, device=device, dtype=torch.float64)
-    seen = torch.zeros(count, device=device, dtype=torch.float64)
-    steps = torch.zeros(count, device=device, dtype=torch.long)
+    tally = _Tally(count, device)
     sam = config.optimizer == "sam"
     eps = 1e-12  # clients.sam.SAM's default: a zero gradient gives a zero perturbation, not 0/0
     with torch.no_grad(), _train_mode(model):
@@ -283,7 +310,7 @@ def train_stacked(
                     perturbed[name] = p[name] + e
                 g, (perturbed_total, _, _) = grad_fn(perturbed, xb, yb, weight, global_params)
                 finite = finite & torch.isfinite(perturbed_total)
-            take = alive[:k] & finite
+            take = tally.alive[:k] & finite
             for name, gi in g.items():
                 d_p = gi + config.weight_decay * p[name] if config.weight_decay else gi
                 buf = momentum[name][:k]
@@ -292,16 +319,8 @@ def train_stacked(
                 mask = _bcast(take, new_p)
                 buf.copy_(torch.where(mask, new_buf, buf))
                 p[name].copy_(torch.where(mask, new_p, p[name]))
-            real = weight.sum(dim=1).to(torch.float64)
-            takef = take.to(torch.float64)
-            loss_sum[:k] += takef * data_loss.to(torch.float64) * real
-            correct[:k] += takef * hits.to(torch.float64)
-            seen[:k] += takef * real
-            steps[:k] += take.to(torch.long)
-            alive[:k] = take
-    sizes_stacked = [int(data[i][0].shape[0]) for i in plan.order]
-    results_stacked = _results(params, alive, loss_sum, correct, seen, steps, sizes_stacked)
-    return _unstack(params, plan.order, count), _reorder(results_stacked, plan.order)
+            tally.step(take, weight, data_loss, hits)
+    return tally.finish(params, data, plan)
 
 
 def train_stacked_noisy(
@@ -326,18 +345,14 @@ def train_stacked_noisy(
     params = _stack(global_params, count)
     grad_fn = vmap(grad(_Loss(model, None), has_aux=True), in_dims=(0, 0, 0, 0, None))
     t, K, alpha = server_round - 1, config.steps, config.prox_coef
-    alive = torch.ones(count, dtype=torch.bool, device=device)
-    loss_sum = torch.zeros(count, device=device, dtype=torch.float64)
-    correct = torch.zeros(count, device=device, dtype=torch.float64)
-    seen = torch.zeros(count, device=device, dtype=torch.float64)
-    steps = torch.zeros(count, device=device, dtype=torch.long)
+    tally = _Tally(count, device)
     with torch.no_grad(), _train_mode(model):
         for k_step, (index, weight) in enumerate(zip(plan.index, plan.weight, strict=True)):
             k = int(index.shape[0])
             p = {name: tensor[:k] for name, tensor in params.items()}
             g, (_, data_loss, hits) = grad_fn(p, plan.x[index], plan.y[index], weight, global_params)
             grad_norm = _per_client_norm(g)
-            take = alive[:k] & torch.isfinite(data_loss) & torch.isfinite(grad_norm)
+            take = tally.alive[:k] & torch.isfinite(data_loss) & torch.isfinite(grad_norm)
             denom = torch.clamp(grad_norm / config.grad_clip, min=1.0)
             lr = noisy_step_lr(config.lr, config.schedule, k_step, t, K)
             for name, gi in g.items():
@@ -346,13 +361,5 @@ def train_stacked_noisy(
                     step = step + alpha * (p[name] - global_params[name])
                 new_p = p[name] - lr * step
                 p[name].copy_(torch.where(_bcast(take, new_p), new_p, p[name]))
-            real = weight.sum(dim=1).to(torch.float64)
-            takef = take.to(torch.float64)
-            loss_sum[:k] += takef * data_loss.to(torch.float64) * real
-            correct[:k] += takef * hits.to(torch.float64)
-            seen[:k] += takef * real
-            steps[:k] += take.to(torch.long)
-            alive[:k] = take
-    sizes_stacked = [int(data[i][0].shape[0]) for i in plan.order]
-    results_stacked = _results(params, alive, loss_sum, correct, seen, steps, sizes_stacked)
-    return _unstack(params, plan.order, count), _reorder(results_stacked, plan.order)
+            tally.step(take, weight, data_loss, hits)
+    return tally.finish(params, data, plan)
