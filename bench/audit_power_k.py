@@ -13,10 +13,10 @@ The ceiling assumes every inserted canary can be told apart. In the app an inser
 the sampler's rate q, so a fraction (1 − q)^T of them (28% at q = 0.1, T = 12) never joins any round and is, under
 any mechanism, indistinguishable from a never-inserted one. The script also simulates that best case — the
 inserted canaries that joined a round score above every other canary, the rest are random — and reports what
-:func:`~fl_app.privacy.audit.one_run_lower_bound` certifies on it (the app's rule: "inserted" on the highest half
-of the guesses, "not inserted" on the lowest half; median of a few draws), and what a one-sided rule that guesses
-only "inserted" on the highest scores and abstains on the rest would certify (all r ≤ J guesses right, J the
-number of joined canaries, Bonferroni over the same default counts).
+:func:`~fl_app.privacy.audit.one_run_lower_bound` certifies on it with the two-sided rule ("inserted" on the highest
+half of the guesses, "not inserted" on the lowest half; median of a few draws), and what the one-sided rule (the
+app's default ``audit.guess_rule``: "inserted" on the highest scores only, abstaining on the rest) certifies (all
+r ≤ J guesses right, J the number of joined canaries, Bonferroni over the same default counts).
 
 Everything runs on one thread: torch, OpenMP and BLAS pools are pinned to 1 at import
 (:func:`fl_app.threads.limit_library_threads`), as in the app's processes.
@@ -151,9 +151,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"\nBest cases: {args.draws} draws each (median), an inserted canary joining some round with probability "
         f"1 − (1 − {SAMPLE_RATE})^{ROUNDS} = {1 - (1 - SAMPLE_RATE) ** ROUNDS:.3f}; the joined ones score above "
-        "every other canary, the others are random. Two-sided: `one_run_lower_bound` as the app calls it. "
-        "One-sided: 'inserted' on the r highest scores only (r ≤ the number joined, all right), not implemented "
-        "in the app.\n"
+        "every other canary, the others are random. Two-sided: `one_run_lower_bound(..., rule='two_sided')`. "
+        "One-sided: 'inserted' on the r highest scores only (r ≤ the number joined, all right), the app's default "
+        "`audit.guess_rule`.\n"
     )
     print("## Cost of K canaries\n")
     print(

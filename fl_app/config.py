@@ -403,7 +403,7 @@ def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
     _require(bound_delta is None or (_finite(bound_delta) and 0 < float(bound_delta) < 1), "audit.lower_bound_delta",
              bound_delta, "delta in (0, 1) or null for min(privacy.delta, 0.01 / audit.canaries)")  # fmt: skip
     support = _optional_integer(section, "support", p, 1)
-    rule = _choice(section, "guess_rule", p, GUESS_RULES) if "guess_rule" in section else "one_sided"
+    rule = _choice(section, "guess_rule", p, GUESS_RULES) if "guess_rule" in section else AuditConfig.guess_rule
     return AuditConfig(
         canaries=canaries,
         seed=seed,
