@@ -34,10 +34,10 @@ math lives in :mod:`fl_app.privacy`.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from functools import partial
-from logging import ERROR, INFO, WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -46,8 +46,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from flwr.supercore.constant import TaskType
-from flwr.superlink.grid import InMemoryGrid
 
 from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
@@ -68,7 +66,7 @@ from fl_app.instructions import (
     make_train_instructions,
     resolve_cohort_engine,
 )
-from fl_app.metrics import OPERATOR_FILE, MetricsWriter
+from fl_app.metrics import MetricsWriter
 from fl_app.models import build_model_for_dataset, check_vectorizable, resolve_device
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
@@ -84,12 +82,14 @@ from fl_app.releases import Release, model_digest
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.auditing import CanaryAuditor, audit_report
 from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
-from strategies.observers import Checkpointer, MetricsLog, RoundObserver
+from strategies.observers import RoundObserver
 from strategies.placement import Placement, placement
 from strategies.population import Population, balance_cohorts
 from strategies.releasing import RunReleases
 from strategies.rounds import Contribution, RoundOutcome, RoundPlan
+from strategies.run_loop import run_rounds
 from strategies.screening import screen
+from strategies.settings import CohortSize, RunSettings
 from strategies.statistics import ClientStatistics
 
 #: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
@@ -242,7 +242,6 @@ class FederatedStrategy(Strategy):
         )
         self.population = Population(config.population, self.num_clients)
         self._check_cohort_engine()
-        self._simulation = False
         #: The global model the last planned round started from (cross-round state: Fed-SMP-topk's global mask is
         #: the top-k of the last global update; checkpointed as ``previous_global``).
         self.last_round_global: list[np.ndarray] = []
@@ -251,42 +250,27 @@ class FederatedStrategy(Strategy):
         self.stop_reason: str | None = None
         #: The run's releases (strategies/releasing.py): the write-ahead log once start() has a checkpoint directory.
         self.releases = RunReleases(None, self.private, seeded=True)
-        # Resolved against the grid by resolve_settings() when the config says "auto".
+        #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
+        self.run_settings: RunSettings | None = None
+        # Until then: "auto" as the seeded stream and one message per client.
         self.secure_noise: bool = config.privacy.secure_noise is True
-        self.settings_resolved = False
+        size = config.simulation.cohort_size
+        self.cohort_size: CohortSize = 1 if size == "auto" or config.population != "virtual" else int(size)
         #: Releases this run has logged (and accounted), resumed ones included: run.json's ``rounds_released``.
         self.rounds_released = 0
         #: The run's canary audit (``audit``; created in start()).
         self.auditor: CanaryAuditor | None = None
 
     def resolve_settings(self, simulation: bool) -> None:
-        """Resolve every setting that depends on where the run happens, once, before anything is published.
-
-        ``secure_noise=auto``: seeded streams in simulation (reproducible), the CSPRNG against a real SuperLink.
-        ``client_statistics=auto``: raw in simulation, none in deployment. Seeded randomness in a deployment sends
-        the seed to every sampled client (it re-derives the sampling and the server's noise from it): refused
-        unless ``privacy.allow_seeded_deployment``, and then loudly.
-        """
-        p = self.config.privacy
-        self._simulation = simulation
-        if p.secure_noise == "auto":
-            self.secure_noise = not simulation
-        self.statistics = self.statistics.resolved(simulation)
-        if not simulation and not self.secure_noise:
-            if not p.allow_seeded_deployment:
-                raise ConfigError(
-                    "invalid config value privacy.secure_noise=false against a real SuperLink: seeded randomness "
-                    "sends the seed to every sampled client, who can then recompute who was sampled and the "
-                    "server's noise (no privacy against clients); use secure_noise=auto or true, or set "
-                    "privacy.allow_seeded_deployment=true to run it anyway (docs/PRIVACY.md)"
-                )
-            log(
-                ERROR,
-                "SEEDED RANDOMNESS IN A DEPLOYMENT (privacy.allow_seeded_deployment=true): every sampled client "
-                "receives the seed and can recompute the sampling and the server's noise; the printed epsilon "
-                "does not hold against clients",
-            )
-        self.settings_resolved = True
+        """Resolve every setting that depends on where the run happens (strategies/settings.py), once, before
+        anything is published: the first call decides, later calls do nothing."""
+        if self.run_settings is not None:
+            return
+        settings = RunSettings.resolve(self.config, simulation)
+        self.secure_noise = settings.secure_noise
+        self.statistics = replace(self.statistics, mode=settings.client_statistics)
+        self.cohort_size = settings.cohort_size
+        self.run_settings = settings
 
     def _check_cohort_engine(self) -> None:
         """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
@@ -315,7 +299,7 @@ class FederatedStrategy(Strategy):
         """Where sampling, masks and noise come from (``run.json``: ``noise_source``, ``sampling_source``)."""
         if self.secure_noise:
             return "os-csprng"
-        if self.settings_resolved and not self._simulation:
+        if self.run_settings is not None and not self.run_settings.simulation:
             return ("seeded-prng (DEPLOYMENT: the seed is sent to every sampled client, who can recompute the "
                     "sampling and the server's noise; not private against clients)")  # fmt: skip
         return "seeded-prng (simulation; reproducible; private only while the seed stays secret)"
@@ -610,13 +594,11 @@ class FederatedStrategy(Strategy):
 
     def cohort_count(self, num_sampled: int) -> int:
         """How many cohort messages carry this round's clients (0 = one message per client)."""
-        size = self.config.simulation.cohort_size
-        if self.config.population != "virtual" or num_sampled == 0 or size == 1:
+        if num_sampled == 0 or self.cohort_size == 1:
             return 0
-        if size == "auto":
-            # One cohort per worker; outside the simulation engine a node is a real client machine: per client.
-            return min(num_sampled, self.population.num_nodes) if self._simulation else 0
-        return math.ceil(num_sampled / int(size))
+        if self.cohort_size == "per_node":
+            return min(num_sampled, self.population.num_nodes)
+        return math.ceil(num_sampled / self.cohort_size)
 
     def local_steps(self, partition_id: int) -> int:
         """The local steps client ``partition_id`` takes this round (its work, for balancing cohorts)."""
@@ -824,116 +806,7 @@ class FederatedStrategy(Strategy):
         ``on_accounted`` is called after the resume's accounting and after every round's, before that round's model
         can leave the server (the ServerApp keeps run.json true with it).
         """
-        checkpoint_dir, resume_from, on_accounted = self.checkpoint_dir, self.resume_from, self.on_accounted
-        observers: list[RoundObserver] = []
-        if self.metrics is not None:
-            observers.append(MetricsLog(self.metrics))
-        checkpointer = None
-        if checkpoint_dir is not None and self.config.checkpoint_every:
-            checkpointer = Checkpointer(checkpoint_dir, self.config.checkpoint_every, num_rounds)
-            observers.append(checkpointer)
-        observers += self.observers
-        if not self.settings_resolved:
-            self.resolve_settings(is_simulation(grid))
-        self.summary()
-        self.population.connect(grid, timeout)
-        train_config = ConfigRecord() if train_config is None else train_config
-        p = self.config.privacy
-        result = Result()
-        arrays = initial_arrays
-        first_round = 1
-        self.releases = RunReleases(checkpoint_dir, self.private, seeded=not self.secure_noise)
-        if self.config.audit.enabled:
-            self.auditor = CanaryAuditor(
-                self.config,
-                shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
-                directory=None if checkpoint_dir is None else checkpoint_dir / "audit",
-            )
-        if resume_from is not None:
-            self.load_state(resume_from.strategy_state, resume_from.strategy_arrays)
-            if self.auditor is not None:
-                self.auditor.canaries.load_state(
-                    resume_from.strategy_state, resume_from.strategy_arrays, resume_from.round
-                )
-            self.rounds_released = int(resume_from.strategy_state.get("releases_logged", resume_from.round))
-            # Models released after the checkpoint was written left the server: each counts now.
-            owed = self.releases.owed_after(int(resume_from.strategy_state.get("releases_logged", 0)))
-            for release in owed:
-                self.account_release(release)
-            self.rounds_released += len(owed)
-            arrays = ArrayRecord(resume_from.weights)
-            result.arrays = arrays
-            first_round = resume_from.round + 1
-            log(INFO, "Resuming after round %d (epsilon so far %.4g)", resume_from.round, self.epsilon())
-        elif checkpointer is not None:
-            checkpointer.save(self, 0, initial_arrays.to_numpy_ndarrays())
-        if not self.statistics.publishes_raw:
-            log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
-                "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
-        if on_accounted is not None:
-            on_accounted(self)
-        if evaluate_fn is not None and resume_from is None:
-            initial = evaluate_fn(0, initial_arrays)  # Flower's start() evaluates the initial model too
-            if initial is not None:
-                result.evaluate_metrics_serverapp[0] = initial
-        for server_round in range(first_round, num_rounds + 1):
-            # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
-            repeat = self.releases.repeats(server_round)
-            guarded = self.private and p.max_epsilon is not None and not repeat
-            next_eps = self.projected_epsilon() if guarded else -math.inf
-            if p.max_epsilon is not None and next_eps > p.max_epsilon:
-                self.stop_reason = (
-                    f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} "
-                    f"> max_epsilon={p.max_epsilon}"
-                )
-                log(WARNING, "Stopping before round %d: %s", server_round, self.stop_reason)
-                break
-            t0 = time.perf_counter()
-            plan = self.plan_round(server_round, arrays, train_config)
-            replies = grid.send_and_receive(plan.messages, timeout=timeout)
-            t_replies = time.perf_counter()
-            outcome = self.aggregate(plan, replies)
-            t_aggregated = time.perf_counter()
-            if self.auditor is not None:
-                self.auditor.round_released(server_round, plan.global_weights, outcome.new_weights)
-            if self.private:
-                self.releases.record(self.release(server_round, outcome.new_weights))
-            arrays = ArrayRecord(outcome.new_weights)
-            result.arrays = arrays
-            if not repeat:
-                self.account_round()
-                self.rounds_released += int(self.private)
-            if on_accounted is not None:
-                on_accounted(self)
-            published = self.published_statistics(server_round, outcome.stats)
-            record: dict[str, Any] = {"round": server_round, **published, **self.round_extras()}
-            record["epsilon"] = self.epsilon() if self.private else None
-            record["delta"] = p.delta if self.private else None
-            record["noise_multiplier"] = self.noise_multiplier if self.private else None
-            if self.auditor is not None and self.auditor.due(server_round, num_rounds):
-                record.update(self.evaluate_audit(server_round))
-            evaluated = None
-            if evaluate_fn is not None and (server_round % self.config.eval_every == 0 or server_round == num_rounds):
-                evaluated = evaluate_fn(server_round, arrays)
-            if evaluated is not None:
-                result.evaluate_metrics_serverapp[server_round] = evaluated
-                record.update({k: v for k, v in evaluated.items() if k not in record})
-            record.setdefault("test_loss", math.nan)
-            record.setdefault("test_accuracy", math.nan)
-            record["wall_time_s"] = time.perf_counter() - t0
-            # Where the round's time went: sending + client training + receiving, then the server's aggregation.
-            record["clients_phase_s"] = t_replies - t0
-            record["aggregate_s"] = t_aggregated - t_replies
-            record["finished_unix"] = time.time()
-            # Flower's train_metrics_clientapp: the clients' aggregated metrics, as far as they are published.
-            client_metrics = {k: published[k] for k in ("train_loss", "train_accuracy") if k in published}
-            if client_metrics:
-                result.train_metrics_clientapp[server_round] = MetricRecord(client_metrics)
-            self.rounds_completed += 1
-            for observer in observers:
-                observer.round_completed(self, server_round, outcome, record)
-        self.finish_audit(checkpoint_dir, num_rounds)
-        return result
+        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_fn)
 
     # ----- canary audit (docs/audit.md) -----------------------------------------------------------------------
 
@@ -978,18 +851,6 @@ class FederatedStrategy(Strategy):
         self.clipping.load_state(state)
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self.last_round_global = list(arrays.get("previous_global", []))
-
-
-def is_simulation(grid: Grid) -> bool:
-    """True under Flower's simulation engine: the in-memory grid of ``run_simulation``, or a run whose primary task
-    is ``flwr-simulation`` (``flwr run`` against a ``--simulation`` SuperLink, which hands the ServerApp an HTTP
-    grid)."""
-    if isinstance(grid, InMemoryGrid):
-        return True
-    try:
-        return str(grid.run.primary_task_type) == str(TaskType.SIMULATION)
-    except Exception:  # a grid without run details (e.g. a test double) is not the simulation engine
-        return False
 
 
 def _mean(values: list[float]) -> float:

@@ -8,13 +8,13 @@ once the run knows where it happens, instead of a mode string tested across the 
   (:func:`fl_app.privacy.mechanisms.joint_noise_multiplier`). Under adaptive clipping the clip norm's own noisy
   count (strategies/clipping.py) is that release, accounted there.
 - ``none``: no client-derived value and no count; the counts go to the operator's ``operator_counts.jsonl``.
-- ``auto``: ``raw`` in simulation, ``none`` against a real SuperLink (:meth:`ClientStatistics.resolved`).
+- ``auto``: ``raw`` in simulation, ``none`` against a real SuperLink (strategies/settings.py resolves it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from fl_app.instructions import CLIENT_TIMESTAMPS
@@ -38,12 +38,6 @@ class ClientStatistics:
 
     mode: str
     noise_multiplier: float
-
-    def resolved(self, simulation: bool) -> ClientStatistics:
-        """``auto`` made concrete: raw in simulation, none in deployment; any other mode as it is."""
-        if self.mode != "auto":
-            return self
-        return replace(self, mode="raw" if simulation else "none")
 
     @property
     def publishes_raw(self) -> bool:

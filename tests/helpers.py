@@ -147,13 +147,14 @@ def error_reply(partition_id: int) -> Message:
 class FakeGrid:
     """The part of flwr's Grid that ``start()`` uses; every client answers a zero update (or an error)."""
 
-    def __init__(self, mode: str = "zeros") -> None:
+    def __init__(self, mode: str = "zeros", nodes: int = 2) -> None:
         self.mode = mode
+        self.nodes = list(range(1, nodes + 1))
         self.sent: list[list[int]] = []  # partition ids sent per round
         self._pushes = 0
 
     def get_node_ids(self) -> list[int]:
-        return [1, 2]
+        return self.nodes
 
     def send_and_receive(self, messages, timeout=None):
         messages = list(messages)

@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 from fl_app.privacy import mechanisms as mech
 from strategies.base import RoundPlan
 from strategies.population import balance_cohorts
-from tests.helpers import build, prime, push, reply, with_norm, zeros
+from tests.helpers import FakeGrid, build, prime, push, reply, with_norm, zeros
 
 SHAPES = [(3, 4), (5,)]
 GLOBAL = zeros(SHAPES)
@@ -24,8 +24,8 @@ GLOBAL = zeros(SHAPES)
 
 def _cohort_strategy(*overrides: str, nodes: int = 2):
     strategy = build(*overrides)
-    strategy._simulation = True
-    strategy.population._nodes = list(range(1, nodes + 1))
+    strategy.resolve_settings(simulation=True)
+    strategy.population.connect(FakeGrid(nodes=nodes), timeout=1)
     return strategy
 
 
@@ -77,8 +77,9 @@ def test_cohort_count_follows_the_config_and_the_engine():
     assert _cohort_strategy("simulation.cohort_size=auto", nodes=3).cohort_count(2) == 2
     assert _cohort_strategy("simulation.cohort_size=4").cohort_count(10) == 3
     assert _cohort_strategy("simulation.cohort_size=1").cohort_count(10) == 0
-    deployed = _cohort_strategy("simulation.cohort_size=auto")
-    deployed._simulation = False  # a real SuperLink: every node is a client machine, one message per client
+    deployed = build("simulation.cohort_size=auto")
+    deployed.resolve_settings(simulation=False)  # a real SuperLink: every node is a client's machine
+    deployed.population.connect(FakeGrid(nodes=3), timeout=1)
     assert deployed.cohort_count(10) == 0
 
 

@@ -71,7 +71,6 @@ def _built(overrides: tuple[str, ...]) -> FederatedStrategy:
 def _strategy(*extra: str, cohorts: bool = False) -> FederatedStrategy:
     """The strategy of these tests (composed once: configure_train resets all the round state a test uses)."""
     strategy = _built((*POP, *(("simulation.cohort_size=2",) if cohorts else ()), *extra))
-    strategy._simulation = cohorts  # cohort mode needs the simulation engine (cohort_count)
     assert strategy.config.privacy.clip_norm == C or extra
     assert strategy.expected_clients == pytest.approx(M)
     return strategy
@@ -685,7 +684,6 @@ def _other_nodes(message: Message) -> list[int]:
 def _pair(cohorts: bool) -> tuple[FederatedStrategy, FederatedStrategy]:
     """A strategy under attack and a reference that sees the honest replies only (configure_train resets both)."""
     reference = build(*POP, *(("simulation.cohort_size=2",) if cohorts else ()))
-    reference._simulation = cohorts
     return _strategy(cohorts=cohorts), reference
 
 

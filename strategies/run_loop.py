@@ -1,0 +1,171 @@
+"""The run: :meth:`strategies.base.FederatedStrategy.start`'s loop over rounds, as Flower's ``Strategy.start`` runs
+its hooks, with the steps a private run adds around them (the module docstring of strategies/base.py numbers them).
+
+Per round, in this order: the budget guard (step 1) → the strategy's plan (steps 2-3) → the grid → the strategy's
+aggregation (steps 5-6) → the release, written ahead to the log, then accounted (step 7) → the published record and
+evaluation (step 8) → the observers (metrics log, checkpoint, the user's). Before the first round: the settings the
+grid decides, the nodes, the release log and the audit; on a resume, the checkpointed state and every release logged
+after it. The loop itself holds the run's :class:`~flwr.serverapp.strategy.Result` and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from logging import INFO, WARNING
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from fl_app.metrics import OPERATOR_FILE
+from strategies.auditing import CanaryAuditor
+from strategies.observers import Checkpointer, MetricsLog, RoundObserver
+from strategies.releasing import RunReleases
+from strategies.rounds import RoundOutcome
+from strategies.settings import is_simulation
+
+if TYPE_CHECKING:
+    from strategies.base import EvaluateFn, FederatedStrategy
+
+
+def run_rounds(
+    strategy: FederatedStrategy,
+    grid: Grid,
+    initial_arrays: ArrayRecord,
+    num_rounds: int,
+    timeout: float,
+    train_config: ConfigRecord | None,
+    evaluate_fn: EvaluateFn | None,
+) -> Result:
+    """Run ``strategy``'s rounds on ``grid`` (Flower's ``Strategy.start`` contract: see its docstring)."""
+    observers = _observers(strategy, num_rounds)
+    strategy.resolve_settings(is_simulation(grid))  # once: a no-op when the ServerApp already did it
+    strategy.summary()
+    strategy.population.connect(grid, timeout)
+    train_config = ConfigRecord() if train_config is None else train_config
+    result = Result()
+    strategy.releases = RunReleases(strategy.checkpoint_dir, strategy.private, seeded=not strategy.secure_noise)
+    if strategy.config.audit.enabled:
+        strategy.auditor = CanaryAuditor(
+            strategy.config,
+            shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
+            directory=None if strategy.checkpoint_dir is None else strategy.checkpoint_dir / "audit",
+        )
+    arrays, first_round = initial_arrays, 1
+    if strategy.resume_from is not None:
+        arrays = result.arrays = _resume(strategy)
+        first_round = strategy.resume_from.round + 1
+    else:
+        for observer in observers:
+            if isinstance(observer, Checkpointer):
+                observer.save(strategy, 0, initial_arrays.to_numpy_ndarrays())
+    if not strategy.statistics.publishes_raw:
+        log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
+            "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
+    if strategy.on_accounted is not None:
+        strategy.on_accounted(strategy)
+    if evaluate_fn is not None and strategy.resume_from is None:
+        initial = evaluate_fn(0, initial_arrays)  # Flower's start() evaluates the initial model too
+        if initial is not None:
+            result.evaluate_metrics_serverapp[0] = initial
+    for server_round in range(first_round, num_rounds + 1):
+        # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
+        repeat = strategy.releases.repeats(server_round)
+        if not repeat and (reason := _over_budget(strategy, server_round)) is not None:
+            strategy.stop_reason = reason
+            log(WARNING, "Stopping before round %d: %s", server_round, reason)
+            break
+        t0 = time.perf_counter()
+        plan = strategy.plan_round(server_round, arrays, train_config)
+        replies = grid.send_and_receive(plan.messages, timeout=timeout)
+        t_replies = time.perf_counter()
+        outcome = strategy.aggregate(plan, replies)
+        t_aggregated = time.perf_counter()
+        if strategy.auditor is not None:
+            strategy.auditor.round_released(server_round, plan.global_weights, outcome.new_weights)
+        if strategy.private:
+            strategy.releases.record(strategy.release(server_round, outcome.new_weights))
+        arrays = result.arrays = ArrayRecord(outcome.new_weights)
+        if not repeat:
+            strategy.account_round()
+            strategy.rounds_released += int(strategy.private)
+        if strategy.on_accounted is not None:
+            strategy.on_accounted(strategy)
+        record = _round_record(strategy, server_round, outcome)
+        if strategy.auditor is not None and strategy.auditor.due(server_round, num_rounds):
+            record.update(strategy.evaluate_audit(server_round))
+        evaluated = None
+        if evaluate_fn is not None and (server_round % strategy.config.eval_every == 0 or server_round == num_rounds):
+            evaluated = evaluate_fn(server_round, arrays)
+        if evaluated is not None:
+            result.evaluate_metrics_serverapp[server_round] = evaluated
+            record.update({k: v for k, v in evaluated.items() if k not in record})
+        record.setdefault("test_loss", math.nan)
+        record.setdefault("test_accuracy", math.nan)
+        record["wall_time_s"] = time.perf_counter() - t0
+        # Where the round's time went: sending + client training + receiving, then the server's aggregation.
+        record["clients_phase_s"] = t_replies - t0
+        record["aggregate_s"] = t_aggregated - t_replies
+        record["finished_unix"] = time.time()
+        # Flower's train_metrics_clientapp: the clients' aggregated metrics, as far as they are published.
+        client_metrics = {k: record[k] for k in ("train_loss", "train_accuracy") if k in record}
+        if client_metrics:
+            result.train_metrics_clientapp[server_round] = MetricRecord(client_metrics)
+        strategy.rounds_completed += 1
+        for observer in observers:
+            observer.round_completed(strategy, server_round, outcome, record)
+    strategy.finish_audit(strategy.checkpoint_dir, num_rounds)
+    return result
+
+
+def _observers(strategy: FederatedStrategy, num_rounds: int) -> list[RoundObserver]:
+    """The metrics log (``metrics=``), the checkpointer (``checkpoint_dir=``), then the user's ``observers=``."""
+    observers: list[RoundObserver] = []
+    if strategy.metrics is not None:
+        observers.append(MetricsLog(strategy.metrics))
+    if strategy.checkpoint_dir is not None and strategy.config.checkpoint_every:
+        observers.append(Checkpointer(strategy.checkpoint_dir, strategy.config.checkpoint_every, num_rounds))
+    return observers + list(strategy.observers)
+
+
+def _resume(strategy: FederatedStrategy) -> ArrayRecord:
+    """Restore the checkpoint's state and account every release logged after it; the checkpointed model."""
+    checkpoint = strategy.resume_from
+    assert checkpoint is not None
+    strategy.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays)
+    if strategy.auditor is not None:
+        strategy.auditor.canaries.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays, checkpoint.round)
+    logged = int(checkpoint.strategy_state.get("releases_logged", 0))
+    strategy.rounds_released = int(checkpoint.strategy_state.get("releases_logged", checkpoint.round))
+    # Models released after the checkpoint was written left the server: each counts now.
+    owed = strategy.releases.owed_after(logged)
+    for release in owed:
+        strategy.account_release(release)
+    strategy.rounds_released += len(owed)
+    log(INFO, "Resuming after round %d (epsilon so far %.4g)", checkpoint.round, strategy.epsilon())
+    return ArrayRecord(checkpoint.weights)
+
+
+def _over_budget(strategy: FederatedStrategy, server_round: int) -> str | None:
+    """Step 1, the budget guard: why ``server_round`` must not run (ε would pass ``privacy.max_epsilon``), or None."""
+    limit = strategy.config.privacy.max_epsilon
+    if not strategy.private or limit is None:
+        return None
+    next_eps = strategy.projected_epsilon()
+    if next_eps <= limit:
+        return None
+    return f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} > max_epsilon={limit}"
+
+
+def _round_record(strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome) -> dict[str, Any]:
+    """Step 8's record before evaluation: the statistics as published, the strategy's extras, the guarantee so far."""
+    private = strategy.private
+    published = strategy.published_statistics(server_round, outcome.stats)
+    record: dict[str, Any] = {"round": server_round, **published, **strategy.round_extras()}
+    record["epsilon"] = strategy.epsilon() if private else None
+    record["delta"] = strategy.config.privacy.delta if private else None
+    record["noise_multiplier"] = strategy.noise_multiplier if private else None
+    return record
