@@ -52,7 +52,6 @@ from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
 from fl_app.data.partition import get_partition
 from fl_app.instructions import (
-    CLIENT_TIMESTAMPS,
     STREAM_ADAPTIVE_CLIP,
     STREAM_CANARY_SAMPLING,
     STREAM_SAMPLING,
@@ -70,7 +69,6 @@ from fl_app.metrics import MetricsWriter
 from fl_app.models import build_model_for_dataset, check_vectorizable, resolve_device
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting import calibrate_noise_multiplier
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.privacy.pipeline import (
     Mechanism,
@@ -80,15 +78,17 @@ from fl_app.privacy.pipeline import (
 )
 from fl_app.releases import Release, model_digest
 from fl_app.server_optimizers import ServerOptimizer
+from strategies.aggregation import RoundReplies
 from strategies.auditing import CanaryAuditor, audit_report
-from strategies.clipping import AdaptiveClipNorm, ClipNorm, FixedClipNorm
+from strategies.clipping import AdaptiveClipNorm, ClipNorm, clip_norm_for
+from strategies.noise import update_noise_multiplier
 from strategies.observers import RoundObserver
 from strategies.placement import Placement, placement
 from strategies.population import Population, balance_cohorts
+from strategies.randomness import RunRandomness
 from strategies.releasing import RunReleases
-from strategies.rounds import Contribution, RoundOutcome, RoundPlan
+from strategies.rounds import RoundOutcome, RoundPlan
 from strategies.run_loop import run_rounds
-from strategies.screening import screen
 from strategies.settings import CohortSize, RunSettings
 from strategies.statistics import ClientStatistics
 
@@ -176,63 +176,12 @@ class FederatedStrategy(Strategy):
                 "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
                 f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
             )
-        if self.private:
-            self.ledger = self.make_ledger()
-            if privacy.target_epsilon is not None:
-                self.noise_multiplier = calibrate_noise_multiplier(
-                    privacy.target_epsilon,
-                    privacy.delta,
-                    privacy.sample_rate,
-                    config.num_rounds,
-                    accountant=privacy.accountant,
-                    sampling=privacy.sampling,
-                    population=self.num_clients,
-                )
-                if self.statistics.releases_noisy_count and privacy.clipping != "adaptive":
-                    # The calibrated multiplier is the joint one; the update gets what the statistics leave.
-                    try:
-                        self.noise_multiplier = mech.update_noise_for_joint(
-                            self.noise_multiplier, self.statistics.noise_multiplier
-                        )
-                    except ValueError as exc:
-                        raise ConfigError(f"invalid config value privacy.statistics_noise_multiplier: {exc}") from exc
-                log(
-                    INFO,
-                    "Calibrated noise multiplier sigma=%.4f for target epsilon=%.3f (delta=%.3g, q=%.4g, T=%d, %s)",
-                    self.noise_multiplier,
-                    privacy.target_epsilon,
-                    privacy.delta,
-                    privacy.sample_rate,
-                    config.num_rounds,
-                    privacy.accountant,
-                )
         #: The clip norm of the coming round, C_t (strategies/clipping.py): fixed, or adaptive clipping's, which
         #: releases a noisy clipped count every round and so takes its share of the joint noise multiplier.
-        self.clipping: ClipNorm = FixedClipNorm(privacy.clip_norm)
-        if self.private and privacy.clipping == "adaptive":
-            count_stddev = privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(self.expected_clients)
-            self.clipping = AdaptiveClipNorm(
-                privacy.clip_norm, privacy.target_quantile, privacy.clip_learning_rate, count_stddev
-            )
-            # The configured (or calibrated) multiplier is the joint one of update + count (Andrew et al. Thm. 1).
-            try:
-                self.noise_multiplier = self.clipping.update_noise_multiplier(self.noise_multiplier)
-            except ValueError as exc:
-                raise ConfigError(
-                    f"invalid config value privacy.clipped_count_stddev={count_stddev:.4g}: {exc}; "
-                    "raise it (2 * clipped_count_stddev must exceed the noise multiplier)"
-                ) from exc
-            joint = self.accounted_noise_multiplier
-            if self.noise_multiplier > 1.25 * joint:
-                log(
-                    WARNING,
-                    "Adaptive clipping: the count's share leaves the update sigma=%.4g for a joint %.4g (+%.0f%% "
-                    "noise); raise privacy.clipped_count_stddev (now %.4g) to spend less of the budget on the count",
-                    self.noise_multiplier,
-                    joint,
-                    100 * (self.noise_multiplier / joint - 1),
-                    count_stddev,
-                )
+        self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, self.private)
+        if self.private:
+            self.ledger = self.make_ledger()
+            self.noise_multiplier = update_noise_multiplier(config, self.statistics, self.clipping)
         #: Where the round's noise is added (strategies/placement.py).
         self.placement: Placement = placement(privacy.placement)
         opt = config.server_optimizer
@@ -252,8 +201,15 @@ class FederatedStrategy(Strategy):
         self.releases = RunReleases(None, self.private, seeded=True)
         #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
         self.run_settings: RunSettings | None = None
-        # Until then: "auto" as the seeded stream and one message per client.
-        self.secure_noise: bool = config.privacy.secure_noise is True
+        #: The server's random sources (strategies/randomness.py); until resolve_settings(), "auto" is the seeded one.
+        self.randomness = RunRandomness(
+            secure=config.privacy.secure_noise is True,
+            seed=config.seed,
+            noise_key=self.noise_key,
+            sampling=privacy.sampling,
+            sample_rate=privacy.sample_rate,
+        )
+        # Until resolve_settings(): one message per client for "auto".
         size = config.simulation.cohort_size
         self.cohort_size: CohortSize = 1 if size == "auto" or config.population != "virtual" else int(size)
         #: Releases this run has logged (and accounted), resumed ones included: run.json's ``rounds_released``.
@@ -267,7 +223,7 @@ class FederatedStrategy(Strategy):
         if self.run_settings is not None:
             return
         settings = RunSettings.resolve(self.config, simulation)
-        self.secure_noise = settings.secure_noise
+        self.randomness = replace(self.randomness, secure=settings.secure_noise, deployment=not settings.simulation)
         self.statistics = replace(self.statistics, mode=settings.client_statistics)
         self.cohort_size = settings.cohort_size
         self.run_settings = settings
@@ -295,14 +251,13 @@ class FederatedStrategy(Strategy):
         return self.randomness_source
 
     @property
+    def secure_noise(self) -> bool:
+        """Whether the server's and the clients' draws come from the OS CSPRNG (else seeded streams)."""
+        return self.randomness.secure
+
+    @property
     def randomness_source(self) -> str:
-        """Where sampling, masks and noise come from (``run.json``: ``noise_source``, ``sampling_source``)."""
-        if self.secure_noise:
-            return "os-csprng"
-        if self.run_settings is not None and not self.run_settings.simulation:
-            return ("seeded-prng (DEPLOYMENT: the seed is sent to every sampled client, who can recompute the "
-                    "sampling and the server's noise; not private against clients)")  # fmt: skip
-        return "seeded-prng (simulation; reproducible; private only while the seed stays secret)"
+        return self.randomness.source()
 
     def make_ledger(self) -> PrivacyLedger:
         """The ledger that accounts this strategy's releases: the subsampled Gaussian mechanism's."""
@@ -345,19 +300,7 @@ class FederatedStrategy(Strategy):
         }
 
     def noise_stream_claim(self) -> dict[str, Any]:
-        """Which runs draw this run's noise (``run.json``: ``noise_stream``): whoever sees two models with the same
-        noise can subtract it, and no ε covers that pair (docs/PRIVACY.md)."""
-        if self.secure_noise:
-            return {"mode": "secure", "shared_with": "no run: every noise draw comes from the OS CSPRNG"}
-        seed = self.config.seed
-        if self.noise_key is None:
-            shared = (f"every seeded run with seed={seed} and noise_stream=shared (any strategy, C, sigma): they draw "
-                      "the same standardized noise every round, so two of their models cancel each other's noise and "
-                      "no epsilon covers the pair; publish one, or use privacy.noise_stream=per_run")  # fmt: skip
-            return {"mode": "shared", "shared_with": shared}
-        own = (f"only runs of this config (a re-run, a resume): any other config draws independent noise; client "
-               f"sampling, masks and shuffles still follow seed={seed} alone")  # fmt: skip
-        return {"mode": "per_run", "key": self.noise_key, "shared_with": own}
+        return self.randomness.noise_stream_claim()
 
     def not_covered_reason(self) -> str | None:
         """Why the accountant's ε does not cover this configuration (None = it does)."""
@@ -473,28 +416,20 @@ class FederatedStrategy(Strategy):
     # ----- sampling (SPEC §1) ---------------------------------------------------------------------------------
 
     def round_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
-        """The server's draws of a round (sampling, noise, masks): the CSPRNG when randomness is secure, else the
-        seeded stream (seed, round, purpose) (:func:`fl_app.privacy.mechanisms.random_source` decides)."""
-        return mech.random_source(self.secure_noise, self.config.seed, server_round, purpose)
+        """The server's draws of a round (sampling, masks): strategies/randomness.py."""
+        return self.randomness.round_rng(server_round, purpose)
+
+    def noise_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
+        """The server's noise draws of a round: strategies/randomness.py."""
+        return self.randomness.noise_rng(server_round, purpose)
 
     def sample(self, population: int, rng: mech.RandomSource) -> np.ndarray:
-        """The round's sampler (SPEC §1) over ``population`` clients: each with probability q (Poisson), or
-        round(q · population) of them uniformly (fixed size). The real clients and the audit's canaries are both
-        drawn by this code, so whatever it does to one it does to the other (docs/audit.md)."""
-        p = self.config.privacy
-        if p.sampling == "fixed":
-            return mech.fixed_size_sample(population, round(p.sample_rate * population), rng)
-        return mech.poisson_sample(population, p.sample_rate, rng)
+        """The round's sampler (SPEC §1), for the real clients and the audit's canaries alike."""
+        return self.randomness.sample(population, rng)
 
     def sample_clients(self, server_round: int) -> np.ndarray:
         # Secret when randomness is secure: amplification by subsampling assumes nobody can tell who took part.
         return self.sample(self.num_clients, self.round_rng(server_round, STREAM_SAMPLING))
-
-    def noise_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
-        """The server's noise draws of a round (the update's noise, adaptive clipping's and the statistics' noisy
-        counts): :meth:`round_rng`'s stream, keyed also by the run's :attr:`noise_key` under
-        ``privacy.noise_stream=per_run``. Sampling and masks stay :meth:`round_rng`'s, shared by the seed's runs."""
-        return mech.random_source(self.secure_noise, self.config.seed, server_round, purpose, noise_key=self.noise_key)
 
     # ----- Flower Strategy interface ----------------------------------------------------------------------------
 
@@ -654,70 +589,18 @@ class FederatedStrategy(Strategy):
 
     def aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> RoundOutcome:
         """Steps 5-6 over the replies to ``plan``'s messages: bind, screen, admit, sum, noise, the server step."""
-        server_round = plan.server_round
-        counts = dict.fromkeys(("failed", "malformed", "shape", "nonfinite"), 0)
-        reclipped = received = 0
-        # (first partition id, an update or a cohort's sum, the number of client updates in it)
-        contributions: list[tuple[int, list[np.ndarray], int]] = []
-        clients: list[tuple[int, dict[str, float]]] = []
-        for reply in replies:
-            ids = plan.bind(reply)
-            if ids is None:
-                counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
-                self._log_rejection(server_round, "malformed", "not the first answer to a message of this round "
-                                    "from the node it went to")  # fmt: skip
-                continue
-            received += len(ids)
-            kind, screened = screen(plan, reply, ids)
-            if not isinstance(screened, Contribution):
-                counts[kind] += len(ids)
-                self._log_rejection(server_round, kind, screened)
-                continue
-            for rejection, pids in screened.rejections.items():
-                counts[rejection] += len(pids)
-            reclipped += screened.reclipped
-            if not screened.clients:
-                continue
-            total, server_reclipped = self.admit(plan, screened.total, len(screened.clients))
-            reclipped += server_reclipped
-            contributions.append((screened.clients[0][0], total, len(screened.clients)))
-            clients.extend(screened.clients)
-        canaries = self.canary_updates(plan)
-        # After every real client (ids M + i), adding nothing to the count of clients: m stays the real clients'.
-        contributions += [(self.num_clients + index, update, 0) for index, update in canaries]
-
-        contributions.sort(key=lambda item: item[0])  # fixed summation order: same seed, same model
-        clients.sort(key=lambda item: item[0])
-        num_clients = sum(n for _, _, n in contributions)
-        average = self.combine(plan, [u for _, u, _ in contributions], num_clients)
+        taken = RoundReplies.collect(plan, replies, self.admit, self._log_rejection)
+        taken.add_canaries(self.num_clients, self.canary_updates(plan))
+        updates, num_clients = taken.ordered()
+        average = self.combine(plan, updates, num_clients)
         new_weights = self.server_optimizer.step(plan.global_weights, average)
-
-        norms = [float(m["pre_clip_norm"]) for _, m in clients]
-        stats: dict[str, Any] = {
-            "sampled": plan.sampled,
-            "received": received,
-            "aggregated": num_clients,
-            "failed": counts["failed"] + (plan.sampled - received),
-            "rejected_malformed": counts["malformed"],
-            "rejected_nonfinite": counts["nonfinite"],
-            "rejected_shape": counts["shape"],
-            "reclipped": reclipped,
-            "train_loss": _mean([m["train_loss"] for _, m in clients]),
-            "train_accuracy": _mean([m["train_accuracy"] for _, m in clients]),
-            # For the non-private references the statistics say what clipping at C would have done.
-            **mech.clipping_stats(norms, self.clip_norm),
-            "client_norms": norms,
-            **{
-                f"first_{key}": min((m[key] for _, m in clients if key in m), default=math.nan)
-                for key in CLIENT_TIMESTAMPS
-            },
-        }
+        stats = taken.statistics(self.clip_norm)
         if self.private:
             stats["clip_norm"] = self.clip_norm
         if self.adaptive_clipping:
             # The aggregated clients' bits only: canaries and rejected clients have no part in m.
-            rng = self.noise_rng(server_round, STREAM_ADAPTIVE_CLIP)
-            stats.update(self.clipping.after_round(norms, self.expected_clients, rng))
+            rng = self.noise_rng(plan.server_round, STREAM_ADAPTIVE_CLIP)
+            stats.update(self.clipping.after_round(taken.norms, self.expected_clients, rng))
         return RoundOutcome(new_weights=new_weights, stats=stats)
 
     def admit(self, plan: RoundPlan, total: list[np.ndarray], clients: int = 1) -> tuple[list[np.ndarray], int]:
@@ -851,8 +734,3 @@ class FederatedStrategy(Strategy):
         self.clipping.load_state(state)
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self.last_round_global = list(arrays.get("previous_global", []))
-
-
-def _mean(values: list[float]) -> float:
-    finite = [v for v in values if math.isfinite(v)]
-    return float(np.mean(finite)) if finite else math.nan

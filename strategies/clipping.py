@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fl_app.config import PrivacyConfig
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 
@@ -97,3 +98,12 @@ class AdaptiveClipNorm:
 
 
 ClipNorm = FixedClipNorm | AdaptiveClipNorm
+
+
+def clip_norm_for(privacy: PrivacyConfig, expected_clients: float, private: bool) -> ClipNorm:
+    """The run's clip norm object: adaptive clipping's when a private run asks for it (``privacy.clipping``), with
+    the count's noise σ_b = ``privacy.clipped_count_stddev`` or m/20; else the fixed ``privacy.clip_norm``."""
+    if not (private and privacy.clipping == "adaptive"):
+        return FixedClipNorm(privacy.clip_norm)
+    count_stddev = privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(expected_clients)
+    return AdaptiveClipNorm(privacy.clip_norm, privacy.target_quantile, privacy.clip_learning_rate, count_stddev)

@@ -20,7 +20,8 @@ from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
-from strategies.base import FederatedStrategy, RoundPlan
+from strategies.base import FederatedStrategy
+from strategies.rounds import RoundPlan
 
 
 class NoisyFedAvg(FederatedStrategy):

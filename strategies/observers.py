@@ -18,7 +18,8 @@ from fl_app.checkpoint import Checkpoint, save_checkpoint
 from fl_app.metrics import CLIENT_COUNTS, MetricsWriter
 
 if TYPE_CHECKING:
-    from strategies.base import FederatedStrategy, RoundOutcome
+    from strategies.base import FederatedStrategy
+    from strategies.rounds import RoundOutcome
 
 
 class RoundObserver(Protocol):

@@ -16,7 +16,8 @@ from fl_app.config import compose_config
 from fl_app.instructions import CohortReply
 from fl_app.metrics import read_metrics
 from fl_app.privacy.mechanisms import global_l2_norm
-from strategies.base import FederatedStrategy, RoundPlan
+from strategies.base import FederatedStrategy
+from strategies.rounds import RoundPlan
 
 
 def random_update(shapes, scale: float, seed: int) -> list[np.ndarray]:

@@ -25,10 +25,11 @@ from fl_app.config import CONF_DIR, ConfigError, compose_config
 from fl_app.instructions import STREAM_SERVER_NOISE, TrainInstructions
 from fl_app.metrics import MetricsWriter, read_metrics
 from fl_app.privacy.mechanisms import global_l2_norm, kept_count, make_rng
-from strategies.base import FederatedStrategy, RoundPlan
+from strategies.base import FederatedStrategy
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
+from strategies.rounds import RoundPlan
 from tests.helpers import (
     FakeGrid,
     build,

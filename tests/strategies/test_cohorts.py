@@ -14,8 +14,8 @@ import pytest
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from fl_app.privacy import mechanisms as mech
-from strategies.base import RoundPlan
 from strategies.population import balance_cohorts
+from strategies.rounds import RoundPlan
 from tests.helpers import FakeGrid, build, prime, push, reply, with_norm, zeros
 
 SHAPES = [(3, 4), (5,)]

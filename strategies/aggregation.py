@@ -1,0 +1,116 @@
+"""Steps 5-6 of the round over its replies (strategies/base.py numbers the steps; SPEC §2, §7).
+
+:class:`RoundReplies` takes every reply once: binds it to the message it answers (:meth:`RoundPlan.bind`), screens
+it (strategies/screening.py), has the strategy admit what passed (the round's mask, the server's clip), and counts
+the rest by kind. What it holds is summed in partition order (:meth:`RoundReplies.ordered`, the canaries after every
+real client) so that the same seed gives the same model, whatever order the replies came in; :meth:`statistics` is
+the round record's view of the clients. A per-client reply is a cohort of one: nothing here knows the difference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import Message
+
+from fl_app.instructions import CLIENT_TIMESTAMPS
+from fl_app.privacy import mechanisms as mech
+from strategies.rounds import Contribution, RoundPlan
+from strategies.screening import screen
+
+#: The strategy's step 5 for a screened sum of k client updates: (admitted sum, how many it re-clipped).
+Admit = Callable[[RoundPlan, list[np.ndarray], int], tuple[list[np.ndarray], int]]
+#: Where a rejection is reported: (round, kind, reason).
+RejectionLog = Callable[[int, str, str], None]
+
+REJECTION_KINDS = ("failed", "malformed", "shape", "nonfinite")
+
+
+class RoundReplies:
+    """What one round's replies contributed: the admitted sums, their clients' statistics, the rejection counts."""
+
+    def __init__(self, plan: RoundPlan) -> None:
+        self.plan = plan
+        self.counts = dict.fromkeys(REJECTION_KINDS, 0)
+        self.received = 0
+        self.reclipped = 0
+        # (first partition id, an update or a cohort's sum, the number of client updates in it)
+        self.contributions: list[tuple[int, list[np.ndarray], int]] = []
+        self.clients: list[tuple[int, dict[str, float]]] = []
+
+    @classmethod
+    def collect(cls, plan: RoundPlan, replies: Iterable[Message], admit: Admit, reject: RejectionLog) -> RoundReplies:
+        """Bind, screen and admit every reply to ``plan``'s messages; count and report (``reject``) the others."""
+        taken = cls(plan)
+        for reply in replies:
+            ids = plan.bind(reply)
+            if ids is None:
+                taken.counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
+                reject(plan.server_round, "malformed", "not the first answer to a message of this round from the "
+                       "node it went to")  # fmt: skip
+                continue
+            taken.received += len(ids)
+            kind, screened = screen(plan, reply, ids)
+            if not isinstance(screened, Contribution):
+                taken.counts[kind] += len(ids)
+                reject(plan.server_round, kind, screened)
+                continue
+            for rejection, pids in screened.rejections.items():
+                taken.counts[rejection] += len(pids)
+            taken.reclipped += screened.reclipped
+            if not screened.clients:
+                continue
+            total, server_reclipped = admit(plan, screened.total, len(screened.clients))
+            taken.reclipped += server_reclipped
+            taken.contributions.append((screened.clients[0][0], total, len(screened.clients)))
+            taken.clients.extend(screened.clients)
+        return taken
+
+    def add_canaries(self, first_id: int, canaries: list[tuple[int, list[np.ndarray]]]) -> None:
+        """The audit's admitted canaries, as ids ``first_id + i`` after every real client, adding nothing to the
+        count of clients: m stays the real clients'."""
+        self.contributions += [(first_id + index, update, 0) for index, update in canaries]
+
+    def ordered(self) -> tuple[list[list[np.ndarray]], int]:
+        """The admitted sums in partition order (fixed summation order: same seed, same model) and the number of
+        client updates they hold."""
+        self.contributions.sort(key=lambda item: item[0])
+        self.clients.sort(key=lambda item: item[0])
+        return [update for _, update, _ in self.contributions], sum(n for _, _, n in self.contributions)
+
+    @property
+    def norms(self) -> list[float]:
+        """The aggregated clients' pre-clip norms, in partition order."""
+        return [float(m["pre_clip_norm"]) for _, m in sorted(self.clients, key=lambda item: item[0])]
+
+    def statistics(self, clip_norm: float) -> dict[str, Any]:
+        """The round record's client counts and client-derived values (outside ε; strategies/statistics.py
+        decides what is published). For the non-private references they say what clipping at C would have done."""
+        clients = sorted(self.clients, key=lambda item: item[0])
+        norms = self.norms
+        return {
+            "sampled": self.plan.sampled,
+            "received": self.received,
+            "aggregated": sum(n for _, _, n in self.contributions),
+            "failed": self.counts["failed"] + (self.plan.sampled - self.received),
+            "rejected_malformed": self.counts["malformed"],
+            "rejected_nonfinite": self.counts["nonfinite"],
+            "rejected_shape": self.counts["shape"],
+            "reclipped": self.reclipped,
+            "train_loss": _mean([m["train_loss"] for _, m in clients]),
+            "train_accuracy": _mean([m["train_accuracy"] for _, m in clients]),
+            **mech.clipping_stats(norms, clip_norm),
+            "client_norms": norms,
+            **{
+                f"first_{key}": min((m[key] for _, m in clients if key in m), default=math.nan)
+                for key in CLIENT_TIMESTAMPS
+            },
+        }
+
+
+def _mean(values: list[float]) -> float:
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan

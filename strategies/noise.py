@@ -1,0 +1,77 @@
+"""The noise multiplier of a round's update (SPEC §7): configured, or calibrated to ``privacy.target_epsilon``, then
+shared with whatever else the round releases.
+
+The configured (or calibrated) multiplier z is the one the ledger composes for everything a round releases. When a
+round also releases a noisy count, the update gets what the count leaves: σ_Δ = (z⁻² − σ_s⁻²)^(−1/2) for the noisy
+client statistics (:func:`fl_app.privacy.mechanisms.update_noise_for_joint`), σ_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) for
+adaptive clipping's count (Andrew et al. 2021, Thm. 1; strategies/clipping.py owns that split).
+"""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+
+from flwr.common.logger import log
+
+from fl_app.config import AppConfig, ConfigError
+from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.accounting import calibrate_noise_multiplier
+from strategies.clipping import AdaptiveClipNorm, ClipNorm
+from strategies.statistics import ClientStatistics
+
+
+def update_noise_multiplier(config: AppConfig, statistics: ClientStatistics, clipping: ClipNorm) -> float:
+    """σ of a private run's update: ``privacy.noise_multiplier`` or the one calibrated to the target ε, less the
+    share of the round's noisy count (client statistics or adaptive clipping's). A share that leaves nothing is a
+    :class:`ConfigError` naming the setting to raise."""
+    p = config.privacy
+    sigma = p.noise_multiplier
+    if p.target_epsilon is not None:
+        sigma = calibrate_noise_multiplier(
+            p.target_epsilon,
+            p.delta,
+            p.sample_rate,
+            config.num_rounds,
+            accountant=p.accountant,
+            sampling=p.sampling,
+            population=config.dataset.num_clients,
+        )
+        if statistics.releases_noisy_count and not isinstance(clipping, AdaptiveClipNorm):
+            # The calibrated multiplier is the joint one; the update gets what the statistics leave.
+            try:
+                sigma = mech.update_noise_for_joint(sigma, statistics.noise_multiplier)
+            except ValueError as exc:
+                raise ConfigError(f"invalid config value privacy.statistics_noise_multiplier: {exc}") from exc
+        log(
+            INFO,
+            "Calibrated noise multiplier sigma=%.4f for target epsilon=%.3f (delta=%.3g, q=%.4g, T=%d, %s)",
+            sigma,
+            p.target_epsilon,
+            p.delta,
+            p.sample_rate,
+            config.num_rounds,
+            p.accountant,
+        )
+    if not isinstance(clipping, AdaptiveClipNorm):
+        return sigma
+    # The configured (or calibrated) multiplier is the joint one of update + count (Andrew et al. Thm. 1).
+    joint = sigma
+    try:
+        sigma = clipping.update_noise_multiplier(joint)
+    except ValueError as exc:
+        raise ConfigError(
+            f"invalid config value privacy.clipped_count_stddev={clipping.count_stddev:.4g}: {exc}; "
+            "raise it (2 * clipped_count_stddev must exceed the noise multiplier)"
+        ) from exc
+    accounted = clipping.joint_noise_multiplier(sigma) if sigma != 0 else sigma
+    if sigma > 1.25 * accounted:
+        log(
+            WARNING,
+            "Adaptive clipping: the count's share leaves the update sigma=%.4g for a joint %.4g (+%.0f%% "
+            "noise); raise privacy.clipped_count_stddev (now %.4g) to spend less of the budget on the count",
+            sigma,
+            accounted,
+            100 * (sigma / accounted - 1),
+            clipping.count_stddev,
+        )
+    return sigma
