@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
@@ -50,7 +50,6 @@ from flwr.serverapp.strategy import Result, Strategy
 from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
-from fl_app.data.partition import get_partition
 from fl_app.instructions import (
     STREAM_ADAPTIVE_CLIP,
     STREAM_CANARY_SAMPLING,
@@ -81,13 +80,14 @@ from fl_app.server_optimizers import ServerOptimizer
 from strategies.aggregation import RoundReplies
 from strategies.auditing import CanaryAuditor, audit_report
 from strategies.clipping import AdaptiveClipNorm, ClipNorm, clip_norm_for
+from strategies.cohorts import balance_cohorts, cohort_count, local_steps
 from strategies.noise import update_noise_multiplier
 from strategies.observers import RoundObserver
 from strategies.placement import Placement, placement
-from strategies.population import Population, balance_cohorts
+from strategies.population import Population
 from strategies.randomness import RunRandomness
 from strategies.releasing import RunReleases
-from strategies.rounds import RoundOutcome, RoundPlan
+from strategies.rounds import RoundOutcome, RoundPlan, train_messages
 from strategies.run_loop import run_rounds
 from strategies.settings import CohortSize, RunSettings
 from strategies.statistics import ClientStatistics
@@ -477,23 +477,11 @@ class FederatedStrategy(Strategy):
         previous, self.last_round_global = self.last_round_global, global_weights
         mask = self.round_mask(server_round, global_weights, previous)
         instructions = self.train_instructions(server_round)
-        record = instructions.to_config_record()
         cohorts = self.plan_cohorts(sampled)
         groups = cohorts if cohorts is not None else [[pid] for pid in sampled]
-        sent = []
-        for position, ids in enumerate(groups):
-            # One message format: a message names its partitions (a cohort, or a cohort of one) and their faults.
-            carried = {"partition_ids": ids, "faults": [self.config.fault_injection.fault_of(pid) for pid in ids]}
-            content = RecordDict({"arrays": arrays, "config": ConfigRecord({**record, **config, **carried})})
-            if mask is not None:
-                content["mask"] = ArrayRecord([m.astype(np.uint8) for m in mask])
-            message = Message(
-                content,
-                dst_node_id=self.population.node_for(ids[0], position),
-                message_type=MessageType.TRAIN,
-                group_id=str(server_round),  # as Flower's strategies do: nodes log "[RUN r, ROUND t]"
-            )
-            sent.append((message, ids))
+        # One message format: a message names its partitions (a cohort, or a cohort of one) and their faults.
+        record = ConfigRecord({**instructions.to_config_record(), **config})
+        sent = train_messages(server_round, arrays, groups, record, mask, self.population, self.config.fault_injection)
         return RoundPlan(
             server_round=server_round,
             global_weights=global_weights,
@@ -529,26 +517,11 @@ class FederatedStrategy(Strategy):
 
     def cohort_count(self, num_sampled: int) -> int:
         """How many cohort messages carry this round's clients (0 = one message per client)."""
-        if num_sampled == 0 or self.cohort_size == 1:
-            return 0
-        if self.cohort_size == "per_node":
-            return min(num_sampled, self.population.num_nodes)
-        return math.ceil(num_sampled / self.cohort_size)
+        return cohort_count(self.cohort_size, num_sampled, self.population.num_nodes)
 
     def local_steps(self, partition_id: int) -> int:
         """The local steps client ``partition_id`` takes this round (its work, for balancing cohorts)."""
-        training = self.local_training()
-        if isinstance(training, NoisyLocalConfig):
-            return training.steps
-        d = self.config.dataset
-        n = len(
-            get_partition(
-                d.name, d.data_dir, d.partition, d.num_clients, d.alpha, self.config.seed, partition_id,
-                num_samples=d.max_train_samples or None,
-            )
-        )  # fmt: skip
-        steps = training.epochs * math.ceil(n / training.batch_size)
-        return steps if training.max_steps is None else min(steps, training.max_steps)
+        return local_steps(self.config, self.local_training(), partition_id)
 
     def plan_cohorts(self, sampled: list[int]) -> list[list[int]] | None:
         """This round's cohorts (each sorted), balanced by local steps; None = one message per client."""

@@ -5,7 +5,7 @@ Two modes (config ``population``):
 * ``virtual`` — the M clients are data partitions; a sampled partition is sent to any SuperNode (round-robin over
   the sorted node ids), which loads that partition. This is how simulations of M = 500 clients run on a handful of
   workers. Training results depend only on (seed, round, partition, global model), never on the node.
-  In cohort mode a message carries several sampled partitions (:func:`balance_cohorts` groups them).
+  In cohort mode a message carries several sampled partitions (strategies/cohorts.py groups them).
 * ``nodes`` — every SuperNode is one client and owns the partition named in its node config (``partition-id``,
   ``num-partitions``). The server asks each node once for its partition id (a ``query`` message) and requires
   exactly the partitions 0..M-1.
@@ -13,7 +13,6 @@ Two modes (config ``population``):
 
 from __future__ import annotations
 
-import heapq
 import time
 from collections.abc import Sequence
 from logging import INFO
@@ -94,22 +93,3 @@ class Population:
         if self.mode == "nodes":
             return self._node_of_partition[partition_id]
         return self._nodes[position % len(self._nodes)]
-
-
-def balance_cohorts(partition_ids: Sequence[int], work: Sequence[int], count: int) -> list[list[int]]:
-    """Split ``partition_ids`` into ``count`` cohorts of about equal total ``work`` (longest processing time first:
-    each client, heaviest first, joins the least-loaded cohort; ties go to the lower cohort index). Every cohort is
-    returned sorted; no cohort is empty when there are at least ``count`` clients. Deterministic."""
-    if len(work) != len(partition_ids):
-        raise ValueError(f"{len(partition_ids)} partitions but {len(work)} work entries")
-    if count < 1:
-        raise ValueError(f"count must be >= 1, got {count}")
-    count = min(count, max(len(partition_ids), 1))
-    cohorts: list[list[int]] = [[] for _ in range(count)]
-    # (load, number of clients, cohort index): an empty cohort gets a client before a loaded one, even at zero work.
-    heap = [(0, 0, i) for i in range(count)]
-    for w, pid in sorted(zip(work, partition_ids, strict=True), key=lambda item: (-item[0], item[1])):
-        load, size, i = heapq.heappop(heap)
-        cohorts[i].append(int(pid))
-        heapq.heappush(heap, (load + int(w), size + 1, i))
-    return [sorted(c) for c in cohorts if c]

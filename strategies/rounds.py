@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
+from fl_app.config import FaultInjectionConfig
 from fl_app.instructions import TrainInstructions
+from strategies.population import Population
 
 
 @dataclass
@@ -59,6 +61,34 @@ class RoundPlan:
             self.awaiting -= set(ids)
             return ids
         return None
+
+
+def train_messages(
+    server_round: int,
+    arrays: ArrayRecord,
+    groups: list[list[int]],
+    config: ConfigRecord,
+    mask: list[np.ndarray] | None,
+    population: Population,
+    faults: FaultInjectionConfig,
+) -> list[tuple[Message, list[int]]]:
+    """Step 3's messages: one per group of partitions (a cohort, or a cohort of one), each with the global model,
+    ``config`` (the instructions and Flower's ``train_config``), the partitions it carries and their injected
+    faults, and the round's public mask; addressed to the node :class:`Population` assigns."""
+    sent = []
+    for position, ids in enumerate(groups):
+        carried = {"partition_ids": ids, "faults": [faults.fault_of(pid) for pid in ids]}
+        content = RecordDict({"arrays": arrays, "config": ConfigRecord({**config, **carried})})
+        if mask is not None:
+            content["mask"] = ArrayRecord([m.astype(np.uint8) for m in mask])
+        message = Message(
+            content,
+            dst_node_id=population.node_for(ids[0], position),
+            message_type=MessageType.TRAIN,
+            group_id=str(server_round),  # as Flower's strategies do: nodes log "[RUN r, ROUND t]"
+        )
+        sent.append((message, ids))
+    return sent
 
 
 @dataclass

@@ -14,7 +14,7 @@ import pytest
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
 from fl_app.privacy import mechanisms as mech
-from strategies.population import balance_cohorts
+from strategies.cohorts import balance_cohorts
 from strategies.rounds import RoundPlan
 from tests.helpers import FakeGrid, build, prime, push, reply, with_norm, zeros
 
