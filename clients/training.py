@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients.sam import SAM, frozen_batchnorm_stats
-from fl_app.config import NOISY_SCHEDULES
-from fl_app.instructions import LocalTrainingConfig, NoisyLocalConfig, NoisySchedule
+from fl_app.choices import NOISY_SCHEDULES, NoisySchedule
+from fl_app.instructions import LocalTrainingConfig, NoisyLocalConfig
 
 __all__ = [
     "LocalTrainingConfig",

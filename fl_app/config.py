@@ -18,24 +18,32 @@ from typing import Any, ClassVar, Literal
 
 from omegaconf import DictConfig, OmegaConf
 
+from fl_app.choices import (
+    ACCOUNTANTS,
+    CLIENT_STATISTICS,
+    CLIPPINGS,
+    COHORT_ENGINES,
+    DEVICES,
+    GUESS_RULES,
+    NOISE_STREAMS,
+    NOISY_SCHEDULES,
+    PLACEMENTS,
+    POPULATIONS,
+    SAMPLINGS,
+    AccountantName,
+    ClientStatisticsMode,
+    Clipping,
+    CohortEngine,
+    Device,
+    GuessRule,
+    NoiseStream,
+    Placement,
+    PopulationMode,
+    Sampling,
+)
 from fl_app.server_optimizers import SERVER_OPTIMIZERS
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-#: Noisy-FedAvg / Noisy-FedProx learning-rate schedules of seed 004's Thm 3 (``strategy.lr_schedule``).
-NOISY_SCHEDULES: tuple[str, ...] = ("constant", "cyclic", "stagewise", "continuous")
-
-Sampling = Literal["poisson", "fixed"]
-Placement = Literal["client", "server"]
-AccountantName = Literal["rdp", "prv", "pld"]
-#: ``privacy.noise_stream``: whose noise a seeded run draws. ``shared``: the (seed, round, purpose[, client]) streams
-#: that every seeded run of the seed draws, whatever its strategy, C or σ (paired comparisons; but two such models,
-#: published, cancel each other's noise); ``per_run``: those streams keyed also by the run's :func:`noise_stream_key`.
-NOISE_STREAMS: tuple[str, ...] = ("shared", "per_run")
-#: Guesses of the canary audit's one-run lower bound (fl_app/privacy/audit.py ``one_run_lower_bound``): "inserted"
-#: on the highest scores only (one-sided), or also "not inserted" on the lowest (two-sided, the paper's symmetric rule).
-GUESS_RULES: tuple[str, ...] = ("one_sided", "two_sided")
-GuessRule = Literal["one_sided", "two_sided"]
-NoiseStream = Literal["shared", "per_run"]
 
 
 #: Every strategy class named by ``strategy._target_`` derives from this one.
@@ -203,12 +211,12 @@ class PrivacyConfig:
     allow_seeded_deployment: bool = False
     #: What metrics.jsonl, logs and run.json say about clients: raw | noisy | none | auto (raw in simulation,
     #: none against a real SuperLink). See docs/PRIVACY.md.
-    client_statistics: Literal["auto", "raw", "noisy", "none"] = "auto"
+    client_statistics: ClientStatisticsMode = "auto"
     #: sigma_s of the noisy statistics (Gaussian on the clipped count, sensitivity 1); None = m / 20.
     statistics_noise_multiplier: float | None = None
     #: fixed: C = clip_norm every round; adaptive: C_t follows the target_quantile of the update norms from
     #: C_0 = clip_norm (Andrew et al. 2021; fl_app/privacy/adaptive_clipping.py).
-    clipping: Literal["fixed", "adaptive"] = "fixed"
+    clipping: Clipping = "fixed"
     #: adaptive: gamma, the quantile of the clients' update norms that C_t aims at.
     target_quantile: float = 0.5
     #: adaptive: eta_C of the geometric update C_{t+1} = C_t exp(-eta_C (unclipped fraction - gamma)).
@@ -224,7 +232,7 @@ class PrivacyConfig:
 class SimulationConfig:
     client_cpus: float
     client_gpus: float
-    device: Literal["auto", "cpu", "cuda"]
+    device: Device
     #: CPUs one simulation may use (Ray's num_cpus and the server's torch threads); None = every core. Set it to
     #: cores / n_jobs when a launcher runs n_jobs simulations at once.
     total_cpus: int | None = None
@@ -233,7 +241,7 @@ class SimulationConfig:
     cohort_size: int | Literal["auto"] = "auto"
     #: How a worker trains a cohort: one client after another, or all at once on stacked models (torch.func);
     #: "auto" = vectorized on a GPU, sequential on a CPU.
-    cohort_engine: Literal["auto", "sequential", "vectorized"] = "auto"
+    cohort_engine: Literal["auto"] | CohortEngine = "auto"
     #: None = start a local Ray for this run; "auto" or "host:port" = join that running Ray cluster.
     ray_address: str | None = None
 
@@ -301,7 +309,7 @@ class AppConfig:
     seed: int
     num_rounds: int
     eval_every: int
-    population: Literal["virtual", "nodes"]
+    population: PopulationMode
     round_timeout: float
     checkpoint_every: int
     resume: str | None
@@ -545,7 +553,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
     _require(sigma >= 0, "privacy.noise_multiplier", sigma, "sigma >= 0")
     q = _number(section, "sample_rate", p)
     _require(0 < q <= 1, "privacy.sample_rate", q, "q in (0, 1]")
-    sampling = _choice(section, "sampling", p, ("poisson", "fixed"))
+    sampling = _choice(section, "sampling", p, SAMPLINGS)
     if sampling == "fixed":
         m = q * num_clients
         _require(
@@ -562,7 +570,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
     _require(max_eps is None or (_finite(max_eps) and max_eps > 0), "privacy.max_epsilon", max_eps, "> 0 or null")
     target = section.get("target_epsilon")
     _require(target is None or (_finite(target) and target > 0), "privacy.target_epsilon", target, "> 0 or null")
-    accountant = _choice(section, "accountant", p, ("rdp", "prv", "pld"))
+    accountant = _choice(section, "accountant", p, ACCOUNTANTS)
     # Opacus' PRV and dp_accounting's PLD have no event for sampling without replacement.
     _require(
         not (sampling == "fixed" and accountant != "rdp"),
@@ -570,7 +578,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         accountant,
         "rdp with sampling=fixed (prv and pld account Poisson sampling only)",
     )
-    placement = _choice(section, "placement", p, ("client", "server"))
+    placement = _choice(section, "placement", p, PLACEMENTS)
     # With Poisson sampling the total client-side noise variance n*sigma^2*C^2/m reveals the number of
     # participants n (measurable to ~sqrt(2/d) over d coordinates); the sampled Gaussian accountant does not
     # cover that, so client placement is only offered with fixed-size sampling, where n = m always.
@@ -594,7 +602,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         allow_seeded_deployment=(
             _boolean(section, "allow_seeded_deployment", p) if "allow_seeded_deployment" in section else False
         ),
-        client_statistics=_choice(section, "client_statistics", p, ("auto", "raw", "noisy", "none")),  # type: ignore[arg-type]
+        client_statistics=_choice(section, "client_statistics", p, CLIENT_STATISTICS),  # type: ignore[arg-type]
         statistics_noise_multiplier=_statistics_sigma(section),
         **_adaptive_clipping(section),
         noise_stream=_noise_stream(section),
@@ -603,7 +611,7 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
 
 def _adaptive_clipping(section: Mapping[str, Any]) -> dict[str, Any]:
     p = "privacy"
-    clipping = _choice(section, "clipping", p, ("fixed", "adaptive")) if "clipping" in section else "fixed"
+    clipping = _choice(section, "clipping", p, CLIPPINGS) if "clipping" in section else "fixed"
     quantile = _number(section, "target_quantile", p) if "target_quantile" in section else 0.5
     _require(0 < quantile < 1, "privacy.target_quantile", quantile, "gamma in (0, 1)")
     rate = _number(section, "clip_learning_rate", p) if "clip_learning_rate" in section else 0.2
@@ -689,10 +697,10 @@ def _validate_simulation(section: Mapping[str, Any]) -> SimulationConfig:
     return SimulationConfig(
         client_cpus=cpus,
         client_gpus=gpus,
-        device=_choice(section, "device", p, ("auto", "cpu", "cuda")),  # type: ignore[arg-type]
+        device=_choice(section, "device", p, DEVICES),  # type: ignore[arg-type]
         total_cpus=total,
         cohort_size=cohort,
-        cohort_engine=_choice(section, "cohort_engine", p, ("auto", "sequential", "vectorized")),  # type: ignore[arg-type]
+        cohort_engine=_choice(section, "cohort_engine", p, COHORT_ENGINES),  # type: ignore[arg-type]
         ray_address=address,
     )
 
@@ -711,7 +719,7 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
     output_dir = raw.get("output_dir")
     _require(output_dir is None or isinstance(output_dir, str), "output_dir", output_dir, "a path or null")
     simulation = _validate_simulation(raw["simulation"])
-    population = _choice(raw, "population", "", ("virtual", "nodes"))
+    population = _choice(raw, "population", "", POPULATIONS)
     if population == "nodes":
         # Each SuperNode owns one partition and trains only it: a cohort of several would need other nodes' data.
         _require(simulation.cohort_size in (1, "auto"), "simulation.cohort_size", simulation.cohort_size,

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, get_args
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fl_app.config import NOISY_SCHEDULES, AppConfig, noise_stream_key
+from fl_app.choices import LOCAL_OPTIMIZERS, NOISY_SCHEDULES, CohortEngine, LocalOptimizer, NoisySchedule
+from fl_app.config import AppConfig, noise_stream_key
 
 # Purposes of the random streams: simulation randomness is mech.make_rng(seed, round, purpose[, partition]),
 # so every draw is a pure function of (seed, round, client) and a resumed or re-run round draws the same values.
@@ -43,7 +44,7 @@ class LocalTrainingConfig:
     momentum: float = 0.5
     weight_decay: float = 5e-4
     lr_decay: float = 0.998
-    optimizer: Literal["sgd", "sam"] = "sgd"
+    optimizer: LocalOptimizer = "sgd"
     rho: float = 0.05
     adaptive: bool = False
     max_steps: int | None = None
@@ -61,15 +62,12 @@ class LocalTrainingConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
         if not self.lr_decay > 0.0:
             raise ValueError(f"lr_decay must be > 0, got {self.lr_decay}")
-        if self.optimizer not in ("sgd", "sam"):
+        if self.optimizer not in LOCAL_OPTIMIZERS:
             raise ValueError(f"optimizer must be 'sgd' or 'sam', got {self.optimizer!r}")
         if self.rho < 0.0:
             raise ValueError(f"rho must be >= 0, got {self.rho}")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be None or >= 1, got {self.max_steps}")
-
-
-NoisySchedule = Literal["constant", "cyclic", "stagewise", "continuous"]
 
 
 @dataclass(frozen=True)
@@ -104,13 +102,9 @@ class NoisyLocalConfig:
             raise ValueError(f"prox_coef (alpha) must be finite and >= 0, got {self.prox_coef}")
 
 
-#: How a worker trains a cohort message (``simulation.cohort_engine``, sent as ``cohort_engine``).
-CohortEngine = Literal["sequential", "vectorized"]
-
-
 def resolve_cohort_engine(requested: str, device_is_gpu: bool) -> CohortEngine:
     """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, docs/performance.md)."""
-    if requested in ("sequential", "vectorized"):
+    if requested in get_args(CohortEngine):
         return requested  # type: ignore[return-value]
     return "vectorized" if device_is_gpu else "sequential"
 
@@ -265,7 +259,7 @@ class CohortReply:
         )
 
 
-def local_training_config(config: AppConfig, optimizer: Literal["sgd", "sam"]) -> LocalTrainingConfig:
+def local_training_config(config: AppConfig, optimizer: LocalOptimizer) -> LocalTrainingConfig:
     """The standard local procedure (SPEC §3) from the client config, with the strategy's optimizer."""
     c = config.client
     return LocalTrainingConfig(

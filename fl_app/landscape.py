@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fl_app.choices import DEVICES
 from fl_app.models import evaluate
 
 __all__ = [
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--span", type=float, default=1.0, help="the grid covers [-span, span] (default 1)")
     parser.add_argument("--samples", type=int, default=1000, help="first N test images (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the direction generator (default 0)")
-    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
     parser.add_argument("--no-2d", action="store_true", help="skip the 2-D surface (points² evaluations per run)")
     args = parser.parse_args(argv)
     if args.points < 3 or args.points % 2 == 0:

@@ -39,7 +39,7 @@ from dataclasses import replace
 from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -49,6 +49,7 @@ from flwr.serverapp.strategy import Result, Strategy
 
 from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
+from fl_app.choices import LocalOptimizer
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
 from fl_app.instructions import (
     STREAM_ADAPTIVE_CLIP,
@@ -106,7 +107,7 @@ class FederatedStrategy(Strategy):
     #: Whether the strategy runs the client-level Gaussian mechanism and the accountant.
     private: ClassVar[bool] = True
     #: The local optimizer of the client recipe.
-    local_optimizer: ClassVar[Literal["sgd", "sam"]] = "sgd"
+    local_optimizer: ClassVar[LocalOptimizer] = "sgd"
     #: The strategy's settings (``strategy.*``): a :class:`fl_app.config.StrategyConfig` subclass that validates
     #: its own fields; only these keys are accepted for the strategy.
     settings_class: ClassVar[type[StrategyConfig]] = StrategyConfig

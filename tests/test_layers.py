@@ -1,4 +1,5 @@
-"""The layers point one way (docs/architecture.md): protocol types ← privacy ← clients / strategies ← apps and tools.
+"""The layers point one way (docs/architecture.md): choices ← protocol types ← privacy ← clients / strategies ← apps
+and tools.
 
 Read from the source (every ``import`` and ``from ... import``, at any depth, lazy ones included), so a new import
 that crosses a layer fails here before it tangles the packages."""
@@ -30,6 +31,7 @@ def _files(*patterns: str) -> list[Path]:
 
 #: (files, packages they must not import)
 RULES = [
+    (("fl_app/choices.py",), ("fl_app", "clients", "strategies", "flwr", "torch")),
     (("fl_app/privacy/*.py",), ("clients", "strategies", "fl_app.client_app", "fl_app.server_app", "flwr")),
     (("fl_app/instructions.py",), ("clients", "strategies", "fl_app.privacy")),
     (("fl_app/models.py", "fl_app/data/*.py", "fl_app/config.py"), ("clients", "strategies", "flwr")),

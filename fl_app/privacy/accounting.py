@@ -22,7 +22,7 @@ import logging
 import math
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import dp_accounting
 import numpy as np
@@ -32,10 +32,12 @@ from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
 from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.analysis import rdp as opacus_rdp
 
+from fl_app.choices import ACCOUNTANTS, SAMPLINGS, AccountantName, Sampling
+
 __all__ = [
     "AccountantName",
     "PrivacyAccountant",
-    "SamplingName",
+    "Sampling",
     "Segment",
     "calibrate_noise_multiplier",
     "compute_epsilon",
@@ -44,13 +46,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-AccountantName = Literal["rdp", "prv", "pld"]
-SamplingName = Literal["poisson", "fixed"]
 # (noise_multiplier σ, sample_rate q, number of rounds) — the same triple Opacus keeps in its history.
 Segment = tuple[float, float, int]
 
-_ACCOUNTANTS = ("rdp", "prv", "pld")
-_SAMPLINGS = ("poisson", "fixed")
 
 # dp_accounting's PLD is a pessimistic (upper-bound) discretisation whatever the interval; 1e-3 gives the same
 # ε as its 1e-4 default to 1e-4 at q=0.1, σ=0.95, T=300 and is ~10x faster (0.07 s instead of 0.8 s).
@@ -71,10 +69,10 @@ _MAX_BISECTIONS = 200  # search steps (interpolation or bisection)
 
 
 def _check_config(accountant: str, sampling: str, population: int | None) -> None:
-    if accountant not in _ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {_ACCOUNTANTS}, got {accountant!r}")
-    if sampling not in _SAMPLINGS:
-        raise ValueError(f"sampling must be one of {_SAMPLINGS}, got {sampling!r}")
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
     if sampling == "fixed":
         if isinstance(population, (bool, np.bool_)) or not isinstance(population, (int, np.integer)) or population < 1:
             raise ValueError(f"sampling='fixed' needs the population size M as a positive int, got {population!r}")
@@ -120,7 +118,7 @@ def epsilon_from_history(
     history: Sequence[Segment],
     delta: float,
     accountant: AccountantName = "rdp",
-    sampling: SamplingName = "poisson",
+    sampling: Sampling = "poisson",
     population: int | None = None,
 ) -> float:
     """ε(δ) after composing every (σ, q, rounds) segment of ``history``, heterogeneous segments included.
@@ -244,7 +242,7 @@ def compute_epsilon(
     steps: int,
     delta: float,
     accountant: AccountantName = "rdp",
-    sampling: SamplingName = "poisson",
+    sampling: Sampling = "poisson",
     population: int | None = None,
 ) -> float:
     """ε(δ) after ``steps`` rounds of the sampled Gaussian mechanism with noise multiplier σ and rate q.
@@ -267,7 +265,7 @@ def calibrate_noise_multiplier(
     sample_rate: float,
     steps: int,
     accountant: AccountantName = "rdp",
-    sampling: SamplingName = "poisson",
+    sampling: Sampling = "poisson",
     population: int | None = None,
     rel_tol: float = 0.005,
 ) -> float:
@@ -362,12 +360,12 @@ class PrivacyAccountant:
     def __init__(
         self,
         accountant: AccountantName = "rdp",
-        sampling: SamplingName = "poisson",
+        sampling: Sampling = "poisson",
         population: int | None = None,
     ) -> None:
         _check_config(accountant, sampling, population)
         self.accountant: AccountantName = accountant
-        self.sampling: SamplingName = sampling
+        self.sampling: Sampling = sampling
         self.population: int | None = None if population is None else int(population)
         self._history: list[Segment] = []
 

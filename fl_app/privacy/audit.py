@@ -74,7 +74,7 @@ from scipy.optimize import brentq
 from scipy.special import expit, log_ndtr
 from scipy.stats import binom
 
-from fl_app.config import GUESS_RULES, GuessRule
+from fl_app.choices import GUESS_RULES, GuessRule
 from fl_app.privacy.mechanisms import global_l2_norm, make_rng
 
 __all__ = [

@@ -69,12 +69,12 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import digamma, log_ndtr, ndtri
 
+from fl_app.choices import NOISY_SCHEDULES, NoisySchedule
+
 __all__ = [
     "ALGORITHMS",
-    "SCHEDULES",
     "Algorithm",
     "GDPBound",
-    "Schedule",
     "compose_gdp",
     "continuous_constant_z",
     "cyclic_constant_c",
@@ -87,9 +87,7 @@ __all__ = [
     "noisy_bound",
 ]
 
-Schedule = Literal["constant", "cyclic", "stagewise", "continuous"]
 Algorithm = Literal["noisy_fedavg", "noisy_fedprox"]
-SCHEDULES: tuple[str, ...] = ("constant", "cyclic", "stagewise", "continuous")
 ALGORITHMS: tuple[str, ...] = ("noisy_fedavg", "noisy_fedprox")
 
 _EQUATION = {
@@ -198,7 +196,7 @@ def _interpolation_factor(log_rho: float, T: int) -> float:
 
 
 def gdp_mu_noisy_fedavg(
-    schedule: Schedule,
+    schedule: NoisySchedule,
     *,
     lr: float,
     V: float,
@@ -230,8 +228,8 @@ def gdp_mu_noisy_fedavg(
     Raises:
         ValueError: unknown schedule or a parameter out of range.
     """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    if schedule not in NOISY_SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(NOISY_SCHEDULES)}; got {schedule!r}")
     lr = _positive("lr", lr)
     V = _positive("V", V)
     K = _count("K", K)
@@ -420,7 +418,7 @@ class GDPBound:
 
 def noisy_bound(
     algorithm: Algorithm,
-    schedule: Schedule,
+    schedule: NoisySchedule,
     *,
     lr: float,
     V: float,
@@ -444,8 +442,8 @@ def noisy_bound(
     """
     if algorithm not in ALGORITHMS:
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
+    if schedule not in NOISY_SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(NOISY_SCHEDULES)}; got {schedule!r}")
     if not (isinstance(delta, numbers.Real) and 0.0 < float(delta) < 1.0):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     K_int = _count("K", K)
@@ -492,7 +490,7 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--algorithm", choices=ALGORITHMS, default="noisy_fedavg", help="default: noisy_fedavg")
-    parser.add_argument("--schedule", choices=SCHEDULES, default="stagewise", help="default: stagewise")
+    parser.add_argument("--schedule", choices=NOISY_SCHEDULES, default="stagewise", help="default: stagewise")
     parser.add_argument("--V", type=float, default=10.0, help="gradient clipping norm (default 10)")
     parser.add_argument("--K", type=int, default=5, help="local steps per round (default 5)")
     parser.add_argument("--m", type=float, default=20.0, help="clients averaged per round (default 20)")

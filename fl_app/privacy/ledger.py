@@ -21,7 +21,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fl_app.privacy.accounting import AccountantName, PrivacyAccountant, SamplingName
+from fl_app.choices import AccountantName, Sampling
+from fl_app.privacy.accounting import PrivacyAccountant
 from fl_app.privacy.fdp import GDPBound, gdp_to_epsilon
 
 
@@ -72,9 +73,7 @@ class PrivacyLedger(ABC):
 class SampledGaussianLedger(PrivacyLedger):
     """The subsampled Gaussian mechanism, composed by :class:`~fl_app.privacy.accounting.PrivacyAccountant`."""
 
-    def __init__(
-        self, delta: float, accountant: AccountantName, sampling: SamplingName, population: int | None
-    ) -> None:
+    def __init__(self, delta: float, accountant: AccountantName, sampling: Sampling, population: int | None) -> None:
         super().__init__(delta)
         self.accountant = PrivacyAccountant(accountant, sampling, population)
 

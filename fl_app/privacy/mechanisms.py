@@ -27,6 +27,8 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from fl_app.choices import Placement
+
 NDArrays = list[np.ndarray]
 
 __all__ = [
@@ -180,7 +182,7 @@ def gaussian_noise_std(
     noise_multiplier: float,
     clip_norm: float,
     expected_clients: float,
-    placement: Literal["client", "server"],
+    placement: Placement,
 ) -> float:
     """Per-coordinate noise std for the given placement (journal Eq. 11; SPEC §2).
 

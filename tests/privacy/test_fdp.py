@@ -19,8 +19,8 @@ import pytest
 from scipy.optimize import minimize_scalar
 from scipy.stats import norm
 
+from fl_app.choices import NOISY_SCHEDULES
 from fl_app.privacy.fdp import (
-    SCHEDULES,
     GDPBound,
     compose_gdp,
     continuous_constant_z,
@@ -347,19 +347,19 @@ def test_pinned_values_of_the_paper_setting() -> None:
 # ------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", NOISY_SCHEDULES)
 def test_fedavg_increases_in_V_and_K(schedule: str) -> None:
     assert strictly_increasing([fedavg(schedule, V=float(v)) for v in np.geomspace(0.01, 100.0, 25)])
     assert strictly_increasing([fedavg(schedule, K=k) for k in range(1, 60)])
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", NOISY_SCHEDULES)
 def test_fedavg_decreases_in_m_and_sigma(schedule: str) -> None:
     assert strictly_decreasing([fedavg(schedule, m=m) for m in range(1, 300, 7)])
     assert strictly_decreasing([fedavg(schedule, sigma=float(s)) for s in np.geomspace(1e-3, 10.0, 25)])
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", NOISY_SCHEDULES)
 def test_fedavg_nondecreasing_in_T(schedule: str) -> None:
     assert strictly_increasing([fedavg(schedule, T=t) for t in range(1, 200)])
     long = [fedavg(schedule, T=t) for t in (200, 10**3, 10**4, 10**6, 10**9)]
@@ -482,7 +482,7 @@ def test_fedprox_requires_lr_below_inverse_gap(lr: float) -> None:
         ("lr", "0.1"),
     ],
 )
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", NOISY_SCHEDULES)
 def test_fedavg_rejects_bad_parameters(schedule: str, name: str, value: object) -> None:
     with pytest.raises(ValueError, match=name):
         fedavg(schedule, **{name: value})

@@ -1,0 +1,62 @@
+"""Every closed list of choices a setting can take, each defined once: a ``Literal`` type and, read from it with
+``typing.get_args``, the tuple that config validation (fl_app/config.py), the math (fl_app/privacy/) and the
+command lines check against. This module is the lowest layer: it imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+#: ``privacy.sampling``: Poisson(q) or fixed-size m = qM without replacement (SPEC §1).
+Sampling = Literal["poisson", "fixed"]
+SAMPLINGS: tuple[str, ...] = get_args(Sampling)
+
+#: ``privacy.accountant``: Opacus RDP, Opacus PRV, dp_accounting PLD (fl_app/privacy/accounting.py).
+AccountantName = Literal["rdp", "prv", "pld"]
+ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
+
+#: ``privacy.placement``: where the round's Gaussian noise is added (strategies/placement.py).
+Placement = Literal["client", "server"]
+PLACEMENTS: tuple[str, ...] = get_args(Placement)
+
+#: ``privacy.clipping``: a fixed C, or adaptive clipping's C_t (strategies/clipping.py).
+Clipping = Literal["fixed", "adaptive"]
+CLIPPINGS: tuple[str, ...] = get_args(Clipping)
+
+#: ``privacy.client_statistics``: what the run publishes about clients (strategies/statistics.py).
+ClientStatisticsMode = Literal["auto", "raw", "noisy", "none"]
+CLIENT_STATISTICS: tuple[str, ...] = get_args(ClientStatisticsMode)
+
+#: ``privacy.noise_stream``: whose noise a seeded run draws. ``shared``: the (seed, round, purpose[, client]) streams
+#: that every seeded run of the seed draws, whatever its strategy, C or σ (paired comparisons; but two such models,
+#: published, cancel each other's noise); ``per_run``: those streams keyed also by the run's config
+#: (fl_app/config.py ``noise_stream_key``).
+NoiseStream = Literal["shared", "per_run"]
+NOISE_STREAMS: tuple[str, ...] = get_args(NoiseStream)
+
+#: ``audit.guess_rule``: the canary audit's one-run lower bound guesses "inserted" on the highest scores only
+#: (one-sided), or also "not inserted" on the lowest (two-sided, the paper's symmetric rule)
+#: (fl_app/privacy/audit.py ``one_run_lower_bound``).
+GuessRule = Literal["one_sided", "two_sided"]
+GUESS_RULES: tuple[str, ...] = get_args(GuessRule)
+
+#: ``strategy.lr_schedule``: Noisy-FedAvg / Noisy-FedProx learning-rate schedules of seed 004's Thm 3.
+NoisySchedule = Literal["constant", "cyclic", "stagewise", "continuous"]
+NOISY_SCHEDULES: tuple[str, ...] = get_args(NoisySchedule)
+
+#: The local optimizer of a client recipe.
+LocalOptimizer = Literal["sgd", "sam"]
+LOCAL_OPTIMIZERS: tuple[str, ...] = get_args(LocalOptimizer)
+
+#: ``simulation.device``: where a worker (or the server's evaluation) runs; ``auto`` = CUDA when the machine has it.
+Device = Literal["auto", "cpu", "cuda"]
+DEVICES: tuple[str, ...] = get_args(Device)
+
+#: How a worker trains a cohort message (``simulation.cohort_engine`` after ``auto``, which each worker resolves for
+#: its own device: vectorized on a GPU, sequential on a CPU).
+CohortEngine = Literal["sequential", "vectorized"]
+COHORT_ENGINES: tuple[str, ...] = ("auto", *get_args(CohortEngine))
+
+#: ``population``: clients as data partitions on any node (``virtual``), or one client per SuperNode (``nodes``).
+PopulationMode = Literal["virtual", "nodes"]
+POPULATIONS: tuple[str, ...] = get_args(PopulationMode)
