@@ -1,4 +1,4 @@
-"""What happens after a round, as observers of the round loop (strategies/base.py, ``start``).
+"""What happens after a round, as observers of the round loop (strategies/run_loop.py).
 
 An observer gets each completed round's outcome and published record after the round's model was released and
 accounted (the release log and the ledger are part of the round itself: they must come before the model can leave
