@@ -1,10 +1,11 @@
 """Suite-wide: how the suite shares the machine's cores (docs/testing.md).
 
 ``scripts/test.sh`` runs pytest with two pytest-xdist workers. Every ``integration`` test (a real Flower simulation
-or deployment: Ray, SuperLink and SuperNode processes, round timeouts) lives in tests/integration/ and the scheduler
-below hands them all to one worker as a single unit, so they run one at a time, in file order, as without xdist
-(module fixtures stay shared); the in-process tests are spread over the workers one by one. A plain ``pytest`` run
-(no ``-n``) is unaffected.
+or deployment: Ray, SuperLink and SuperNode processes, round timeouts) lives in tests/integration/, and the scheduler
+below hands them out as two units, each run by one worker, in file order, as without xdist (module fixtures stay
+shared): the simulations go first, to one worker; the other runs the in-process tests one by one, then the real
+deployments (SuperLink + SuperNodes), which start last so that they never run beside the in-process tests and
+beside a simulation at once. A plain ``pytest`` run (no ``-n``) is unaffected.
 
 The grouping is a scheduler rather than ``xdist_group`` marks: ``--dist loadgroup`` carries the group in a rewritten
 node id, which pytest 9.2 no longer honours (pytest-dev/pytest-xdist#1386), so the marks are silently ignored.
@@ -17,6 +18,9 @@ from typing import Any
 import pytest
 
 INTEGRATION_DIR = "tests/integration/"
+#: The real deployments: one unit, handed out after every other unit.
+DEPLOYMENTS = ("tests/integration/test_deployment.py", "tests/integration/test_deployment_privacy.py")
+DEPLOYMENT_UNIT = "tests/integration/deployments"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,10 +34,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
-    class IntegrationTogether(LoadScopeScheduling):
-        """One work unit for every test in tests/integration/, one per test elsewhere."""
+    class IntegrationUnits(LoadScopeScheduling):
+        """One unit for the deployments, one for the other integration tests, one per test elsewhere."""
 
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::")[0] in DEPLOYMENTS:
+                return DEPLOYMENT_UNIT
             return INTEGRATION_DIR if nodeid.startswith(INTEGRATION_DIR) else nodeid
 
-    return IntegrationTogether(config, log)
+        def _assign_work_unit(self, node: Any) -> None:
+            if len(self.workqueue) > 1 and next(iter(self.workqueue)) == DEPLOYMENT_UNIT:
+                self.workqueue.move_to_end(DEPLOYMENT_UNIT)  # the deployments go last
+            super()._assign_work_unit(node)
+
+    return IntegrationUnits(config, log)
