@@ -1,4 +1,4 @@
-"""Flower ClientApp (Message API: train and query handlers, the non-deprecated path in Flower 1.41).
+"""Flower ClientApp (Message API: train and query handlers, the non-deprecated path in Flower 1.42).
 
 One message format and one reply format: every train message names its partitions (a cohort in simulation's cohort
 mode, a cohort of one per client or per SuperNode) and is trained by :func:`clients.cohort.train_cohort`, which

@@ -5,7 +5,7 @@ The config is composed by Hydra and validated (:func:`fl_app.config.load_app_con
 Each run writes its resolved config (Hydra's ``.hydra/``), ``run.json``, ``metrics.jsonl`` and
 ``final_model.npz`` into its own output directory.
 
-Flower 1.41 marks ``flwr.simulation.run_simulation`` deprecated in favour of ``flwr run``. We keep it here
+Flower 1.42 marks ``flwr.simulation.run_simulation`` deprecated in favour of ``flwr run``. We keep it here
 because a Hydra job (one of many in a sweep) needs an in-process launch with its own config object and output
 directory; the ServerApp/ClientApp it runs are exactly the ones ``flwr run`` uses (docs/running.md: Flower API).
 """
@@ -82,7 +82,7 @@ def backend_config(config: AppConfig) -> dict[str, Any]:
     init_args: dict[str, Any] = {
         "logging_level": "ERROR",
         "log_to_driver": True,
-        # Flower 1.41 defaults to False as well; pinned so that an upgrade cannot switch the dashboard UI on. The
+        # Flower 1.42 defaults to False as well; pinned so that an upgrade cannot switch the dashboard UI on. The
         # dashboard process itself, its agent, the runtime-env agent, the log monitor and the autoscaler monitor
         # are started by every ray.init in Ray 2.55 whatever its arguments (docs/running.md, Scale out); usage stats are
         # already off (ray.init sets RAY_USAGE_STATS_ENABLED=0 for release wheels).
