@@ -67,6 +67,7 @@ class RoundReplies:
             taken.reclipped += server_reclipped
             taken.contributions.append((screened.clients[0][0], total, len(screened.clients)))
             taken.clients.extend(screened.clients)
+        taken.clients.sort(key=lambda item: item[0])  # partition order, whatever order the replies came in
         return taken
 
     def add_canaries(self, first_id: int, canaries: list[tuple[int, list[np.ndarray]]]) -> None:
@@ -78,19 +79,17 @@ class RoundReplies:
         """The admitted sums in partition order (fixed summation order: same seed, same model) and the number of
         client updates they hold."""
         self.contributions.sort(key=lambda item: item[0])
-        self.clients.sort(key=lambda item: item[0])
         return [update for _, update, _ in self.contributions], sum(n for _, _, n in self.contributions)
 
     @property
     def norms(self) -> list[float]:
         """The aggregated clients' pre-clip norms, in partition order."""
-        return [float(m["pre_clip_norm"]) for _, m in sorted(self.clients, key=lambda item: item[0])]
+        return [float(m["pre_clip_norm"]) for _, m in self.clients]
 
     def statistics(self, clip_norm: float) -> dict[str, Any]:
         """The round record's client counts and client-derived values (outside ε; strategies/statistics.py
         decides what is published). For the non-private references they say what clipping at C would have done."""
-        clients = sorted(self.clients, key=lambda item: item[0])
-        norms = self.norms
+        clients, norms = self.clients, self.norms
         return {
             "sampled": self.plan.sampled,
             "received": self.received,
