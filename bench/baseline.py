@@ -49,7 +49,7 @@ from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_ADAPTIVE_CLIP, STREAM_CLIENT_SHUFFLE, STREAM_SAMPLING, STREAM_SERVER_NOISE
-from fl_app.models import build_model_for_dataset, get_weights, set_weights
+from fl_app.models import build_model_for_dataset, get_weights, set_weights, to_compute_layout
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.threads import library_thread_counts, limit_library_threads
@@ -231,7 +231,8 @@ def run_baseline(
     d, p = config.dataset, config.privacy
     clip = AdaptiveClip.of(config) if private and p.clipping == "adaptive" else None
     train, _ = load_dataset(d.name, d.data_dir, download=d.download)
-    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(device=device, dtype=dtype)
+    model = build_model_for_dataset(config.model.name, d.name, seed=config.seed).to(dtype=dtype)
+    model = to_compute_layout(model, torch.device(device))  # the app's layout, so the two agree bit for bit
     weights = get_weights(model, dtype)
     shapes = [w.shape for w in weights]
     m = denominator(config)

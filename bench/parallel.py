@@ -53,7 +53,7 @@ from bench.baseline import (
 from bench.processes import free_port
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import load_dataset
-from fl_app.models import build_model_for_dataset, get_weights, set_weights
+from fl_app.models import build_model_for_dataset, get_weights, set_weights, to_compute_layout
 from fl_app.privacy import mechanisms as mech
 from fl_app.threads import library_thread_counts, limit_library_threads
 
@@ -109,6 +109,7 @@ def _worker(
         d, p = config.dataset, config.privacy
         train, _ = load_dataset(d.name, d.data_dir, download=d.download)
         model = build_model_for_dataset(config.model.name, d.name, seed=config.seed)
+        model = to_compute_layout(model, torch.device("cpu"))  # the app's layout (bit-for-bit agreement)
         weights = get_weights(model)
         shapes = [tuple(w.shape) for w in weights]
         dtype = weights[0].dtype

@@ -41,13 +41,14 @@ _LIMIT_CODE = r"""
 import json, sys, time
 import torch, torch.nn.functional as F
 from fl_app.config import compose_config
-from fl_app.models import build_model_for_dataset
+from fl_app.models import build_model_for_dataset, to_compute_layout
 from fl_app.threads import limit_library_threads
 torch.set_num_threads(1); limit_library_threads(1)
 overrides, steps, device = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 cfg = compose_config(overrides)
 c = cfg.client
-model = build_model_for_dataset(cfg.model.name, cfg.dataset.name, seed=cfg.seed).to(device)
+model = build_model_for_dataset(cfg.model.name, cfg.dataset.name, seed=cfg.seed)
+model = to_compute_layout(model, torch.device(device))  # the layout the app trains in
 from fl_app.data.datasets import DATASETS
 info = DATASETS[cfg.dataset.name]
 x = torch.randn(c.batch_size, info.in_channels, info.image_size, info.image_size, device=device)

@@ -20,7 +20,7 @@ from clients.training import LocalTrainingResult, train_local, train_local_noisy
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
-from fl_app.models import build_model_for_dataset, get_weights, resolve_device, set_weights
+from fl_app.models import build_model_for_dataset, get_weights, resolve_device, set_weights, to_compute_layout
 from fl_app.privacy.mechanisms import random_source
 
 
@@ -32,7 +32,7 @@ def _train_data(spec: DataSpec) -> TensorData:
 @functools.lru_cache(maxsize=4)
 def _model(name: str, dataset: str, device: str) -> nn.Module:
     # The initial weights are overwritten by the global model every round; the seed only fixes the build.
-    return build_model_for_dataset(name, dataset, seed=0).to(device)
+    return to_compute_layout(build_model_for_dataset(name, dataset, seed=0), torch.device(device))
 
 
 def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,6 +30,7 @@ from torch import nn
 from clients.sam import SAM, frozen_batchnorm_stats
 from fl_app.choices import NOISY_SCHEDULES, NoisySchedule
 from fl_app.instructions import LocalTrainingConfig, NoisyLocalConfig
+from fl_app.models import to_compute_layout
 
 __all__ = [
     "LocalTrainingConfig",
@@ -118,7 +119,8 @@ def train_local(
     """Train ``model`` in place on (x, y) for E epochs of ⌈n/B⌉ mini-batches each (SPEC §3).
 
     Args:
-        model: the network; moved to ``device`` and left in train mode with gradients cleared.
+        model: the network; moved to ``device`` in its compute layout (:func:`fl_app.models.to_compute_layout`)
+            and left in train mode with gradients cleared.
         x: inputs, already normalised, N×C×H×W (any device; moved to ``device`` once).
         y: integer class labels, shape N.
         config: local hyper-parameters.
@@ -137,7 +139,7 @@ def train_local(
         # An empty client cannot train; zero weight in any example-weighted metric average.
         return LocalTrainingResult(loss=0.0, accuracy=0.0, num_examples=0, num_steps=0, diverged=False)
 
-    model.to(device)
+    to_compute_layout(model, device)
     model.train()
     # A client's shard is small (hundreds to a few thousand images), so one transfer beats one per batch.
     x_dev = x.to(device)
@@ -296,7 +298,7 @@ def train_local_noisy(
     if n == 0:
         return LocalTrainingResult(loss=0.0, accuracy=0.0, num_examples=0, num_steps=0, diverged=False)
 
-    model.to(device)
+    to_compute_layout(model, device)
     model.train()
     model.zero_grad(set_to_none=True)
     x_dev = x.to(device)

@@ -34,8 +34,10 @@ __all__ = [
     "build_model_for_dataset",
     "check_vectorizable",
     "get_weights",
+    "memory_format_for",
     "resnet18_gn",
     "set_weights",
+    "to_compute_layout",
     "weight_names",
     "weight_shapes",
 ]
@@ -132,6 +134,28 @@ def build_model_for_dataset(name: str, dataset: str, seed: int) -> nn.Module:
     return build_model(name, info.num_classes, info.in_channels, seed, image_size=info.image_size)
 
 
+def memory_format_for(device: torch.device) -> torch.memory_format:
+    """The memory format convolution weights and activations are kept in on ``device``.
+
+    On a CPU, channels-last (NHWC): oneDNN's convolutions, their backward passes and max-pooling run on it without
+    the reorders the NCHW layout costs; the paper CNN's SGD step at batch 32 on one thread runs ~1.3× faster
+    (bench/peer.py's compute limit measures the step in this format; docs/performance.md). Elsewhere the default
+    contiguous format (cuDNN picks its own algorithms per layout, and the GPU path was measured on it).
+    """
+    return torch.channels_last if device.type == "cpu" else torch.contiguous_format
+
+
+def to_compute_layout(model: nn.Module, device: torch.device) -> nn.Module:
+    """``model`` moved to ``device`` with its 4-D weights in :func:`memory_format_for` ``(device)``, in place.
+
+    The layout changes how the weights are stored, not their values; a convolution on channels-last weights
+    produces channels-last activations, so every layer after it follows. Float results differ from the NCHW
+    computation in the last bits only (summation order), so every path that must agree bit for bit (the app, the
+    plain loop, the parallel loops, the compute limit) trains in this layout.
+    """
+    return model.to(device=device, memory_format=memory_format_for(device))
+
+
 def _exchanged(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     # keep_vars so parameters come back as the live tensors (set_weights writes through them).
     return [(k, v) for k, v in model.state_dict(keep_vars=True).items() if v.is_floating_point()]
@@ -150,7 +174,11 @@ def weight_shapes(model: nn.Module) -> list[tuple[int, ...]]:
 def get_weights(model: nn.Module, dtype: torch.dtype = torch.float32) -> list[np.ndarray]:
     """numpy copies (float32 unless ``dtype`` says otherwise) of the floating-point state_dict entries, in
     state_dict order."""
-    return [v.detach().to(device="cpu", dtype=dtype, copy=True).numpy() for _, v in _exchanged(model)]
+    # contiguous_format: a channels-last weight (to_compute_layout) is exchanged in the logical C order like any other.
+    return [
+        v.detach().to(device="cpu", dtype=dtype, memory_format=torch.contiguous_format, copy=True).numpy()
+        for _, v in _exchanged(model)
+    ]
 
 
 def set_weights(model: nn.Module, weights: Sequence[np.ndarray]) -> None:
@@ -193,7 +221,7 @@ def evaluate(
     if n == 0:
         return math.nan, math.nan
     was_training = model.training
-    model.to(device)
+    to_compute_layout(model, device)
     model.eval()
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device, dtype=torch.long)

@@ -21,6 +21,8 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from strategies.messaging import send_and_receive
+
 PARTITION_QUERY = "partition"
 
 
@@ -65,7 +67,7 @@ class Population:
             for node in nodes
         ]
         mapping: dict[int, int] = {}
-        for reply in grid.send_and_receive(messages, timeout=timeout):
+        for reply in send_and_receive(grid, messages, timeout):
             if reply.has_error():
                 raise PopulationError(f"node {reply.metadata.src_node_id} failed the partition query: {reply.error}")
             info = reply.content["partition"]

@@ -22,6 +22,7 @@ from flwr.serverapp.strategy import Result
 
 from fl_app.metrics import OPERATOR_FILE
 from strategies.auditing import CanaryAuditor
+from strategies.messaging import send_and_receive
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.releasing import RunReleases
 from strategies.rounds import RoundOutcome
@@ -80,7 +81,7 @@ def run_rounds(
             break
         t0 = time.perf_counter()
         plan = strategy.plan_round(server_round, arrays, train_config)
-        replies = grid.send_and_receive(plan.messages, timeout=timeout)
+        replies = send_and_receive(grid, plan.messages, timeout)
         t_replies = time.perf_counter()
         outcome = strategy.aggregate(plan, replies)
         t_aggregated = time.perf_counter()

@@ -145,7 +145,21 @@ def error_reply(partition_id: int) -> Message:
     return Message(Error(code=1, reason="boom"), reply_to=train_message(partition_id))
 
 
-class FakeGrid:
+class AnswersOnPush:
+    """Flower's push and pull for a fake grid that answers in ``send_and_receive``: the push hands the messages to
+    it, and the next pull returns every reply it gave (strategies/messaging.py pushes and pulls)."""
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self._answered = list(self.send_and_receive(messages))
+        return [m.metadata.message_id for m in messages]
+
+    def pull_messages(self, message_ids):
+        answered, self._answered = getattr(self, "_answered", []), []
+        return answered
+
+
+class FakeGrid(AnswersOnPush):
     """The part of flwr's Grid that ``start()`` uses; every client answers a zero update (or an error)."""
 
     def __init__(self, mode: str = "zeros", nodes: int = 2) -> None:
@@ -190,7 +204,7 @@ class CrashInRound(FakeGrid):
         return super().send_and_receive(messages, timeout)
 
 
-class InProcessGrid(InMemoryGrid):
+class InProcessGrid(AnswersOnPush, InMemoryGrid):
     """Flower's simulation engine without Ray: each train message goes through Flower's wire format (protobuf serde)
     to the real ClientApp handler (``fl_app.client_app.train``) in this process, and its reply back the same way.
     A handler that raises becomes an error reply, as under the engine. ``is_simulation`` holds (an in-memory

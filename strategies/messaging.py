@@ -1,0 +1,53 @@
+"""Sending a round's messages and collecting their replies, on any Flower grid.
+
+Flower's grids implement ``send_and_receive`` as a push, then a pull every fixed interval until every reply is in or
+the timeout has passed: 0.1 s on the simulation engine's in-memory grid, 3 s on the deployment grid that talks to a
+SuperLink. A round whose last reply lands between two pulls waits for the next one, on average half an interval:
+about 0.05 s of a 1.2 s simulated round on two cores (docs/performance.md), 1.5 s of a deployed one.
+
+:func:`send_and_receive` keeps Flower's contract (the same push and pull of the :class:`~flwr.serverapp.Grid`
+interface, the same timeout, the replies in the order they arrived) with an interval that follows the round: a
+fixed share of the time the round has taken so far, between :data:`MIN_INTERVAL_S` and :data:`MAX_INTERVAL_S`. The
+wait after the last reply is then at most that share of the round (or the floor), while a minute-long round pulls
+about 250 times and a longer one at most once a second.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+#: The interval between pulls as a share of the time the round has taken so far.
+INTERVAL_SHARE = 0.02
+#: Floor and ceiling of the interval (seconds): a pull of the in-memory grid costs tens of microseconds of the
+#: driver's CPU, one of the deployment grid a request to the SuperLink.
+MIN_INTERVAL_S = 0.005
+MAX_INTERVAL_S = 1.0
+
+
+def pull_interval(elapsed: float) -> float:
+    """Seconds to wait before the next pull, ``elapsed`` seconds after the push."""
+    return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, INTERVAL_SHARE * elapsed))
+
+
+def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:
+    """Push ``messages`` and pull their replies until all have come back or ``timeout`` seconds have passed
+    (``None``: no limit), as :meth:`flwr.serverapp.Grid.send_and_receive` does, pulling at :func:`pull_interval`."""
+    pending = set(grid.push_messages(messages))
+    start = time.monotonic()
+    replies: list[Message] = []
+    while pending:
+        arrived = list(grid.pull_messages(pending))
+        replies.extend(arrived)
+        pending.difference_update(reply.metadata.reply_to_message_id for reply in arrived)
+        elapsed = time.monotonic() - start
+        if not pending or (timeout is not None and elapsed >= timeout):
+            break
+        wait = pull_interval(elapsed)
+        if timeout is not None:
+            wait = min(wait, timeout - elapsed)
+        time.sleep(wait)
+    return replies
