@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fl_app.allocator import keep_freed_memory
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import TensorData, load_dataset
 from fl_app.data.partition import get_partition
@@ -228,6 +229,7 @@ def run_baseline(
     """
     use_sam, private = check_supported(config, adaptive_clipping=True)
     limit_library_threads(torch.get_num_threads())
+    keep_freed_memory()  # as the app's workers run (fl_app/allocator.py)
     d, p = config.dataset, config.privacy
     clip = AdaptiveClip.of(config) if private and p.clipping == "adaptive" else None
     train, _ = load_dataset(d.name, d.data_dir, download=d.download)

@@ -51,6 +51,7 @@ from bench.baseline import (
     shuffle_generator,
 )
 from bench.processes import free_port
+from fl_app.allocator import keep_freed_memory
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import load_dataset
 from fl_app.models import build_model_for_dataset, get_weights, set_weights, to_compute_layout
@@ -101,6 +102,7 @@ def _worker(
 ) -> None:
     torch.set_num_threads(threads)
     limit_library_threads(threads)
+    keep_freed_memory()  # as the app's workers run (fl_app/allocator.py)
     if sys.platform.startswith("linux"):
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # everything is on 127.0.0.1
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=procs)

@@ -42,8 +42,9 @@ import json, sys, time
 import torch, torch.nn.functional as F
 from fl_app.config import compose_config
 from fl_app.models import build_model_for_dataset, to_compute_layout
+from fl_app.allocator import keep_freed_memory
 from fl_app.threads import limit_library_threads
-torch.set_num_threads(1); limit_library_threads(1)
+torch.set_num_threads(1); limit_library_threads(1); keep_freed_memory()  # as the app's workers run
 overrides, steps, device = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 cfg = compose_config(overrides)
 c = cfg.client
