@@ -54,7 +54,8 @@ from fl_app.data.datasets import DATASETS
 info = DATASETS[cfg.dataset.name]
 x = torch.randn(c.batch_size, info.in_channels, info.image_size, info.image_size, device=device)
 y = torch.randint(0, info.num_classes, (c.batch_size,), device=device)
-opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay)
+# The optimizer kernels the app's local training runs (clients/training.py: foreach, bit-equal to torch's loop).
+opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay, foreach=True)
 sam = cfg.strategy.name in ("dp_fedsam", "fedsam", "dp_fedsam_topk")
 def step():
     opt.zero_grad(set_to_none=True)

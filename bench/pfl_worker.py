@@ -177,7 +177,11 @@ def main() -> int:
     with torch.no_grad():
         for p, i in zip(net.parameters(), range(len(spec["model"]["shapes"])), strict=True):
             p.copy_(torch.from_numpy(arrays[f"w{i}"]))
-    local_optimizer = functools.partial(torch.optim.SGD, momentum=c["momentum"], weight_decay=c["weight_decay"])
+    # The app's local optimizer kernels (clients/training.py: foreach, bit-equal to torch's per-tensor loop): the
+    # same step on both sides, not a flag only one of them sets.
+    local_optimizer = functools.partial(
+        torch.optim.SGD, momentum=c["momentum"], weight_decay=c["weight_decay"], foreach=True
+    )
     model = PyTorchModel(
         model=net,
         local_optimizer_create=local_optimizer,

@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -80,6 +81,16 @@ def _data_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> tuple[to
     return F.cross_entropy(logits, yb), logits
 
 
+def _all_finite(tensors: list[torch.Tensor]) -> bool:
+    """Whether no tensor holds NaN or ±Inf. On the CPU through NumPy on the same memory: torch's ``isfinite`` and
+    ``all`` take ~2.5 ms over the paper CNN's 1.7M weights on one thread, NumPy's ~0.13 ms (a client's whole local
+    training is ~70 ms at P2's size, so the torch check alone was ~3% of it)."""
+    with torch.no_grad():
+        if all(t.device.type == "cpu" for t in tensors):
+            return all(bool(np.isfinite(t.detach().numpy()).all()) for t in tensors)
+        return bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
+
+
 def _result(
     params: list[torch.Tensor],
     diverged: bool,
@@ -92,8 +103,7 @@ def _result(
     """The outcome of a local procedure; weights that became non-finite count as diverged."""
     if not diverged and params:
         # A last step with finite loss can still overflow the weights; never report them as a success.
-        with torch.no_grad():
-            diverged = not bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+        diverged = not _all_finite(params)
     if diverged:
         accuracy = correct.item() / seen if seen else 0.0
         return LocalTrainingResult(loss=math.nan, accuracy=accuracy, num_examples=n, num_steps=num_steps, diverged=True)
@@ -131,6 +141,9 @@ def train_local(
             proximal term.
 
     The optimizer is built per call, so momentum buffers start from zero every round, as in the released code.
+    It runs torch's multi-tensor (``foreach``) kernels, also on the CPU where torch defaults to a per-tensor loop:
+    the same elementwise operations in the same order, so the weights are bit for bit those of the loop
+    (tests/clients/test_training.py), with ~5% less time a step on the paper CNN (fewer dispatches).
     """
     n = int(x.shape[0])
     if int(y.shape[0]) != n:
@@ -158,10 +171,13 @@ def train_local(
             lr=lr,
             momentum=config.momentum,
             weight_decay=config.weight_decay,
+            foreach=True,
         )
         optimizer = sam
     else:
-        optimizer = torch.optim.SGD(params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay)
+        optimizer = torch.optim.SGD(
+            params, lr=lr, momentum=config.momentum, weight_decay=config.weight_decay, foreach=True
+        )
 
     def total_loss(data_loss: torch.Tensor) -> torch.Tensor:
         return data_loss if extra_loss is None else data_loss + extra_loss(model)

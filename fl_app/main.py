@@ -163,12 +163,15 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     from flwr.simulation import run_simulation
 
     from fl_app.client_app import app as client_app
+    from fl_app.delivery import deliver_promptly
     from fl_app.server_app import make_server_app
 
     # The server's own torch work (evaluation) stays within the simulation's CPU share.
     torch.set_num_threads(_total_cpus(config))
     # Hydra's root handler would print every Flower log line a second time.
     logging.getLogger("flwr").propagate = False
+    # A round's messages reach the workers when they are stored, not at Flower's next 0.1 s poll (fl_app/delivery.py).
+    deliver_promptly()
     try:
         if config.simulation.ray_address is not None:
             join_ray_cluster(config)

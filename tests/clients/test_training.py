@@ -372,3 +372,60 @@ def test_cuda_training_with_cpu_data_and_cpu_generator(optimizer: str) -> None:
     train_local(cpu_model, x, y, cfg, 1, _gen(), CPU)
     for p, q in zip(model.parameters(), cpu_model.parameters(), strict=True):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-3, atol=1e-4)
+
+
+# --- the optimizer's kernels ---------------------------------------------------------------------------
+
+
+def _reference_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: LocalTrainingConfig) -> None:
+    """train_local's SGD / SAM steps written with torch's per-tensor (``foreach=False``) optimizer kernels."""
+    from clients.sam import SAM
+
+    params = list(model.parameters())
+    kwargs = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay, "foreach": False}
+    sam = SAM(params, torch.optim.SGD, rho=cfg.rho, **kwargs) if cfg.optimizer == "sam" else None
+    optimizer = sam if sam is not None else torch.optim.SGD(params, **kwargs)
+    gen = _gen()
+    n = int(x.shape[0])
+    for _ in range(cfg.epochs):
+        perm = torch.randperm(n, generator=gen)
+        for start in range(0, n, cfg.batch_size):
+            idx = perm[start : start + cfg.batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            F.cross_entropy(model(x[idx]), y[idx]).backward()
+            if sam is not None:
+                sam.first_step(zero_grad=True)
+                F.cross_entropy(model(x[idx]), y[idx]).backward()
+                sam.second_step(zero_grad=False)
+            else:
+                optimizer.step()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "sam"])
+def test_multi_tensor_kernels_give_the_per_tensor_loops_weights_bit_for_bit(optimizer: str) -> None:
+    """train_local runs SGD's foreach kernels (fewer dispatches a step); momentum and weight decay included, the
+    weights are exactly those of torch's per-tensor loop, so the app still equals the plain loop (bench/)."""
+    from fl_app.models import build_model_for_dataset, to_compute_layout
+
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(40, 1, 28, 28, generator=gen), torch.randint(0, 10, (40,), generator=gen)
+    cfg = _config(optimizer=optimizer, epochs=2, batch_size=16, lr=0.05, momentum=0.5, weight_decay=5e-4)
+    with torch.random.fork_rng(devices=[]):
+        model = build_model_for_dataset("cnn", "fashion_mnist", seed=0)
+    reference = to_compute_layout(copy.deepcopy(model), CPU)  # the layout train_local trains in
+    train_local(model, x, y, cfg, 1, _gen(), CPU)
+    _reference_train(reference, x, y, cfg)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(model), _weights(reference), strict=True))
+
+
+def test_weights_that_overflow_on_the_last_step_count_as_diverged() -> None:
+    """The loss of the last step is finite, its step sends the weights to ±Inf: the check on the weights (done
+    through NumPy on the CPU) reports divergence."""
+    x, y = _separable(8)
+    cfg = _config(lr=1e38, momentum=0.0, weight_decay=0.0, max_steps=1)
+
+    def steep(model: nn.Module) -> torch.Tensor:  # a gradient of 100 on every weight: 1e38 · 100 overflows float32
+        return 100 * sum(p.sum() for p in model.parameters())
+
+    result = train_local(_linear_model(), x, y, cfg, 1, _gen(), CPU, extra_loss=steep)
+    assert result.num_steps == 1 and result.diverged and math.isnan(result.loss)
