@@ -97,6 +97,17 @@ def compute_limit(overrides: list[str], cores: int, steps: int = 60) -> dict[str
     }
 
 
+def import_torch_rss_mib(python: str = sys.executable) -> float:
+    """Resident MiB of a fresh process that has done nothing but ``import torch`` (with ``python``): what every
+    process that trains or evaluates pays before its first tensor (the CUDA wheels load their libraries also on
+    a CPU-only machine). The app runs three such processes on 2 cores (driver, two workers), pfl three (its
+    torchrun agent and two workers)."""
+    code = "import torch, resource; print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"  # KiB on Linux
+    env = {**os.environ, **THREAD_ENV}
+    out = subprocess.run([python, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1]) / 1024
+
+
 def round_samples(replay_spec: dict[str, Any], epochs: int) -> list[int]:
     """Per round, the samples its clients train on (Σ n_i × E), from a replay's schedule."""
     rows: dict[int, int] = {}
@@ -109,8 +120,11 @@ def _steady(values: list[float], num_rounds: int) -> list[float]:
     return values[2 : num_rounds - 1]
 
 
-def _run_monitored(cmd: list[str], env: dict[str, str], log: Path, marker: str, timeout: float) -> tuple[float, int]:
-    """Run ``cmd``; returns (command start Unix time, peak RSS summed over every process it started, bytes)."""
+def _run_monitored(
+    cmd: list[str], env: dict[str, str], log: Path, marker: str, timeout: float
+) -> tuple[float, int, dict[str, float]]:
+    """Run ``cmd``; returns (command start Unix time, peak RSS summed over every process it started in bytes, and
+    at that peak the MiB of each kind of process: driver, each Ray daemon, workers)."""
     start = time.time()
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -123,7 +137,7 @@ def _run_monitored(cmd: list[str], env: dict[str, str], log: Path, marker: str, 
             kill_processes_mentioning(marker)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}); see {log}")
-    return start, monitor.peak
+    return start, monitor.peak, monitor.peak_by_kind
 
 
 def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) -> dict[str, Any]:
@@ -135,7 +149,7 @@ def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) 
         sys.executable, "-m", "fl_app.main", *overrides, f"num_rounds={num_rounds}",
         f"output_dir={out}", f"hydra.run.dir={out}/hydra",
     ]  # fmt: skip
-    start, peak = _run_monitored(cmd, env, tmp / f"{label}.log", env["RAY_TMPDIR"], 3600)
+    start, peak, by_kind = _run_monitored(cmd, env, tmp / f"{label}.log", env["RAY_TMPDIR"], 3600)
     records = read_metrics(out / "metrics.jsonl")
     stamps = {r["round"]: r["finished_unix"] for r in records}
     rounds = [stamps[t] - stamps[t - 1] for t in range(2, num_rounds + 1)]
@@ -145,6 +159,7 @@ def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) 
         "round_s_each": steady,
         "startup_s": records[0]["first_train_started_unix"] - start,
         "peak_rss_mib": peak / 2**20,
+        "peak_rss_by_kind_mib": by_kind,
         "model_file": str(out / "final_model.npz"),
     }
 
@@ -159,7 +174,7 @@ def pfl_contender(
     spec = write_replay(compose_config([*overrides, f"num_rounds={num_rounds}"]), num_rounds, replay)
     result = tmp / f"pfl_{label}.json"
     env = {**pfl_env(1, device), "PEER_RUN_MARKER": str(replay)}
-    start, peak = _run_monitored(
+    start, peak, by_kind = _run_monitored(
         pfl_command(python, procs, replay, result), env, tmp / f"pfl_{label}.log", str(replay), 3600
     )
     summary = json.loads(result.read_text())
@@ -169,6 +184,7 @@ def pfl_contender(
         "round_s_each": steady,
         "startup_s": summary["first_step_unix"] - start,
         "peak_rss_mib": peak / 2**20,
+        "peak_rss_by_kind_mib": by_kind,
         "procs": procs,
         "device": summary["device"],
         "model_file": summary["weights_file"],
@@ -217,6 +233,7 @@ def cpu_peer(
 
     errors: dict[str, str] = {}
     result: dict[str, Any] = {"overrides": overrides, "rounds": num_rounds, "cores": procs}
+    result["import_torch_rss_mib"] = {"app": import_torch_rss_mib(), "pfl": import_torch_rss_mib(python)}
     for name in strategies:
         run = with_overrides(overrides, f"strategy={name}")
         part = tmp / f"peer_{name}"

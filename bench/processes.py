@@ -163,12 +163,17 @@ class PeakRSSMonitor:
         self.marker = marker
         self.interval = interval
         self.peak = 0
+        #: At the peak: MiB per process kind (:func:`rss_by_process_kind`), which add up to ``peak``.
+        self.peak_by_kind: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, tree_rss(self.root_pid, self.marker))
+            kinds = rss_by_process_kind(self.root_pid, self.marker)
+            total = int(sum(kinds.values()) * 2**20)
+            if total > self.peak:
+                self.peak, self.peak_by_kind = total, kinds
             self._stop.wait(self.interval)
 
     def __enter__(self) -> PeakRSSMonitor:

@@ -681,6 +681,15 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             f"{_num(pfl.get('peak_rss_mib'), '.0f')} | ≤ {t['peak_rss_mib']:.0f} | "
             f"{_met(app.get('peak_rss_mib'), t['peak_rss_mib'])} |"
         )
+        for who, side in (("app", app), ("pfl", pfl)):
+            if kinds := side.get("peak_rss_by_kind_mib"):
+                parts = ", ".join(f"{kind} {mib:.0f}" for kind, mib in sorted(kinds.items(), key=lambda kv: -kv[1]))
+                lines.append(f"| PEER {name} {who} at its peak, MiB per kind of process | {parts} | | |")
+    if floor := peer.get("import_torch_rss_mib"):
+        lines.append(
+            f"| PEER a process that only imports torch, MiB (app / pfl venv) | {floor['app']:.0f} / {floor['pfl']:.0f} "
+            "| | |"
+        )
     if limit_step := next((peer[n]["limit"] for n in ("dp_fedavg", "dp_fedsam") if peer.get(n, {}).get("limit")), None):
         lines.append(
             f"| PEER limit: bare SGD step, one thread (samples/s) | {limit_step['samples_per_s_one_thread']:.0f} | | |"
