@@ -6,8 +6,8 @@ ServerApp's grid stores it in the in-memory LinkState, an *extractor* thread
 workers' queue, and a worker thread hands it to a Ray actor. The extractor looks at most one message per SuperNode
 per pass and sleeps 0.1 s between passes, whether or not a message is waiting. A round's messages therefore wait
 0.05 s on average (up to 0.1 s) before any client starts, and a SuperNode with k messages waits k × 0.1 s for the
-last of them. Measured with timing probes on the P2 benchmark round (bench/peer.py, 2 cores, DP-FedAvg, cohort mode): 0.06 s of a
-0.93 s round went from the grid's push to the first worker's fit.
+last of them. Measured with timing probes on the P2 benchmark round (bench/peer.py, 2 cores, DP-FedAvg, cohort
+mode): 0.06 s of a 0.93 s round went from the grid's push to the first worker's fit.
 
 :func:`deliver_promptly` puts in Flower's place an extractor that does the same work (the same LinkState calls, the
 same queue, the same stop event, one message per SuperNode per pass) but goes round again at once after a pass
