@@ -34,7 +34,6 @@ __all__ = ["POLL_CEILING_S", "deliver_promptly", "prompt_extractor"]
 POLL_CEILING_S = 0.1
 #: The parameters of Flower 1.42's ``add_messages_to_queue`` that the replacement takes.
 _FLOWER_PARAMETERS = ("state", "queue", "nodes_mapping", "f_stop")
-_MARK = "_dpfedsam_prompt_delivery"
 
 
 class _MessageStore(Protocol):
@@ -80,14 +79,13 @@ def deliver_promptly() -> bool:
     from flwr.server.superlink.fleet.vce import vce_api
 
     current: Callable[..., None] = vce_api.add_messages_to_queue
-    if getattr(current, _MARK, False):
+    if current is prompt_extractor:
         return True
     if tuple(inspect.signature(current).parameters) != _FLOWER_PARAMETERS:
         logging.getLogger(__name__).warning(
             "Flower's simulation extractor changed (%s); its own message delivery is kept", inspect.signature(current)
         )
         return False
-    setattr(prompt_extractor, _MARK, True)
     # run_api looks the function up by its module-level name when it starts the extractor thread.
     vce_api.add_messages_to_queue = prompt_extractor
     return True
