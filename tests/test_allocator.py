@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # Minor page faults per steady-state SGD step of the paper CNN at batch 32 (channels-last, one thread), in a fresh
-# process: glibc's defaults fault in thousands of pages a step (~3,700 measured), the kept memory none.
+# process, for each of 8 windows of 5 steps. glibc's defaults move its thresholds as blocks come and go, so their
+# count swings from window to window (60 to 4,400 a step measured on the development machine, a mean of 526 over ten
+# steps on the CI machine); with the memory kept, every window but a rare warm-up one faults no page at all.
 _FAULTS = r"""
 import resource, sys, torch, torch.nn.functional as F
 from fl_app.allocator import keep_freed_memory
@@ -31,24 +34,28 @@ def step():
     opt.step()
 for _ in range(5):
     step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    step()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10)
+for _ in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(5):
+        step()
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5)
 """
 
 
-def _faults_per_step(mode: str) -> float:
+def _faults_per_step(mode: str) -> list[float]:
+    """Minor faults per step in each of 8 consecutive windows of 5 steps."""
     out = subprocess.run(
         [sys.executable, "-c", _FAULTS, mode], cwd=ROOT, capture_output=True, text=True, check=True, timeout=120
     )
-    return float(out.stdout.strip().splitlines()[-1])
+    return [float(line) for line in out.stdout.split()]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_step_reuses_its_freed_buffers_instead_of_faulting_them_in() -> None:
-    assert _faults_per_step("default") > 1000  # the cost the module removes is there without it
-    assert _faults_per_step("keep") < 50
+    default, kept = _faults_per_step("default"), _faults_per_step("keep")
+    assert len(default) == len(kept) == 8
+    assert max(default) > 250  # the cost the module removes is there without it
+    assert statistics.median(kept) < 5  # and gone with it
 
 
 def test_keep_freed_memory_is_idempotent() -> None:
