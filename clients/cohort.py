@@ -140,12 +140,12 @@ def train_cohort(
         update, result = outcome
         sent, pre_clip_norm = privatize_update(update, ins, pid, shared_mask)
         sent = inject_fault(fault, sent)
-        kind = mech.screen_update(sent, shapes)
+        kind, norm = mech.measure_update(sent, shapes)
         if kind is not None:
             out.rejected[kind].append(pid)
             continue
         if reclip:
-            sent, was_reclipped = mech.reclip(sent, ins.clip_norm)
+            sent, was_reclipped = mech.reclip(sent, ins.clip_norm, norm=norm)
             out.reclipped += int(was_reclipped)
         accepted.append((pid, sent))
         out.num_examples += result.num_examples

@@ -9,11 +9,14 @@ about 0.05 s of a 1.2 s simulated round on two cores (docs/performance.md), 1.5 
 interface, the same timeout, the replies in the order they arrived) with an interval that follows the round: a
 fixed share of the time the round has taken so far, between :data:`MIN_INTERVAL_S` and :data:`MAX_INTERVAL_S`. The
 wait after the last reply is then at most that share of the round (or the floor), while a minute-long round pulls
-about 250 times and a longer one at most once a second.
+about 250 times and a longer one at most once a second. Where the engine can tell when a reply is stored (the Hydra
+entry point's simulation: fl_app/delivery.py sets :data:`reply_stored`), the wait ends then and the pull follows the
+reply at once; the interval is only the longest wait.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 
@@ -26,6 +29,11 @@ INTERVAL_SHARE = 0.02
 #: driver's CPU, one of the deployment grid a request to the SuperLink.
 MIN_INTERVAL_S = 0.005
 MAX_INTERVAL_S = 1.0
+
+#: Set by whatever stores a reply where such a hook exists (fl_app/delivery.py on the simulation engine), so that
+#: :func:`send_and_receive` pulls at once instead of at the end of its interval; never set, it changes nothing. A
+#: spurious wake (a reply of another run in the same process) costs one pull.
+reply_stored = threading.Event()
 
 
 def pull_interval(elapsed: float) -> float:
@@ -40,6 +48,8 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | N
     start = time.monotonic()
     replies: list[Message] = []
     while pending:
+        # Cleared before the pull: a reply stored during or after it sets the signal again, so it never waits.
+        reply_stored.clear()
         arrived = list(grid.pull_messages(pending))
         replies.extend(arrived)
         pending.difference_update(reply.metadata.reply_to_message_id for reply in arrived)
@@ -49,5 +59,5 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | N
         wait = pull_interval(elapsed)
         if timeout is not None:
             wait = min(wait, timeout - elapsed)
-        time.sleep(wait)
+        reply_stored.wait(wait)
     return replies

@@ -8,13 +8,15 @@ import time
 from queue import Queue
 
 from fl_app.delivery import POLL_CEILING_S, deliver_promptly, prompt_extractor
+from strategies.messaging import reply_stored
 
 
 class _Store:
-    """The two LinkState calls the extractor makes, over a list of (node, message)."""
+    """The LinkState calls the extractor makes and wraps, over a list of (node, message) and one of replies."""
 
     def __init__(self) -> None:
         self.pending: list[tuple[int, str]] = []
+        self.replies: list[str] = []
         self.lock = threading.Lock()
 
     def store_message_ins(self, message: tuple[int, str]) -> str:
@@ -28,6 +30,10 @@ class _Store:
             for m in mine:
                 self.pending.remove(m)
         return mine
+
+    def store_message_res(self, message: str) -> None:
+        with self.lock:
+            self.replies.append(message)
 
 
 def _start(store: _Store, nodes: dict[int, int]) -> tuple[Queue[tuple[int, str]], threading.Event, threading.Thread]:
@@ -76,10 +82,23 @@ def test_a_burst_for_one_node_goes_one_per_pass_without_waiting_between_passes()
 def test_the_store_gets_its_own_method_back_when_the_extractor_stops() -> None:
     store = _Store()
     _, stop, thread = _start(store, {1: 0})
-    assert "store_message_ins" in vars(store)  # wrapped on the instance while running
+    assert {"store_message_ins", "store_message_res"} <= set(vars(store))  # wrapped on the instance while running
     stop.set()
     thread.join(timeout=2 * POLL_CEILING_S + 1)
-    assert "store_message_ins" not in vars(store)
+    assert not {"store_message_ins", "store_message_res"} & set(vars(store))
+
+
+def test_a_stored_reply_is_kept_and_wakes_the_servers_pull_loop() -> None:
+    store = _Store()
+    _, stop, thread = _start(store, {1: 0})
+    try:
+        reply_stored.clear()
+        store.store_message_res("r0")
+        assert store.replies == ["r0"]
+        assert reply_stored.wait(timeout=0)  # set by the time the store returns
+    finally:
+        stop.set()
+        thread.join(timeout=2 * POLL_CEILING_S + 1)
 
 
 def test_installed_over_flowers_extractor_once() -> None:

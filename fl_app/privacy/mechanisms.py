@@ -49,10 +49,12 @@ __all__ = [
     "joint_noise_multiplier",
     "kept_count",
     "make_rng",
+    "measure_update",
     "noisy_count",
     "poisson_sample",
     "randk_mask",
     "random_source",
+    "reclip",
     "screen_update",
     "secure_rng",
     "topk_mask",
@@ -115,10 +117,24 @@ def clip_factor(norm: float, clip_norm: float) -> float:
 RECLIP_TOLERANCE = 1e-5
 
 
-def reclip(update: Sequence[np.ndarray], bound: float) -> tuple[NDArrays, bool]:
+def reclip(update: Sequence[np.ndarray], bound: float, norm: float | None = None) -> tuple[NDArrays, bool]:
     """The receiver's clip (the server's, or a cohort worker's after a client's recipe): never trust the sender's
-    clip, clip to ``bound`` again; (clipped copy, whether the sender had not clipped it to ``bound``)."""
-    clipped, norm = clip_update(update, bound)
+    clip, clip to ``bound`` again; (the update within ``bound``, whether the sender had not clipped it to ``bound``).
+
+    An update already within ``bound`` comes back as it is (its arrays, not copies: nothing to change, and the
+    receiver only reads it); one beyond it as :func:`clip_update`'s clipped copy. ``norm`` is the update's
+    :func:`global_l2_norm` when the caller has just measured it (:func:`measure_update`), so it is not measured
+    twice; it must be that function's value for exactly these arrays.
+    """
+    arrays = [np.asarray(tensor) for tensor in update]
+    for tensor in arrays:
+        if not np.issubdtype(tensor.dtype, np.floating):
+            raise TypeError(f"reclip expects floating-point tensors, got dtype {tensor.dtype}")
+    if norm is None:
+        norm = global_l2_norm(arrays)
+    if norm <= bound:  # False for NaN: clip_update below refuses a non-finite update
+        return arrays, False
+    clipped, norm = clip_update(arrays, bound)
     return clipped, norm > bound * (1 + RECLIP_TOLERANCE)
 
 
@@ -374,13 +390,24 @@ def screen_update(
     """Why an update from a client must be rejected before aggregation (SPEC §2), or None if it may be used:
     ``shape`` (wrong tensor count, shapes or a non-floating dtype) or ``nonfinite`` (NaN/Inf anywhere, or a global
     norm that overflows)."""
+    return measure_update(update, shapes)[0]
+
+
+def measure_update(
+    update: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
+) -> tuple[Literal["shape", "nonfinite"] | None, float]:
+    """:func:`screen_update`'s verdict and the :func:`global_l2_norm` the screening measured (NaN when it did not
+    get that far), for a receiver that re-clips next (:func:`reclip`'s ``norm``)."""
     if not has_shapes(update, shapes) or not all(np.issubdtype(np.asarray(u).dtype, np.floating) for u in update):
-        return "shape"
-    if not is_finite_update(update) or not math.isfinite(global_l2_norm(update)):
+        return "shape", math.nan
+    if not is_finite_update(update):
+        return "nonfinite", math.nan
+    norm = global_l2_norm(update)
+    if not math.isfinite(norm):
         # Finite values can still overflow the norm (float64 coordinates of 1e200): such an update cannot be
         # clipped, so it is rejected like a NaN.
-        return "nonfinite"
-    return None
+        return "nonfinite", norm
+    return None, norm
 
 
 def uniform_sum(updates: Sequence[Sequence[np.ndarray]], shapes: Sequence[tuple[int, ...]]) -> NDArrays:
@@ -390,7 +417,9 @@ def uniform_sum(updates: Sequence[Sequence[np.ndarray]], shapes: Sequence[tuple[
         if not has_shapes(update, shapes):
             raise ValueError(f"update {index} does not match the model's tensor shapes")
         for total, tensor in zip(totals, update, strict=True):
-            total += np.asarray(tensor, dtype=np.float64)
+            # The ufunc widens each coordinate to float64 as it adds (exactly, for every float dtype): the same
+            # sums as adding a float64 copy, without making one per tensor.
+            np.add(total, np.asarray(tensor), out=total)
     return totals
 
 

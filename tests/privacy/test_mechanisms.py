@@ -26,12 +26,14 @@ from fl_app.privacy.mechanisms import (
     is_finite_update,
     kept_count,
     make_rng,
+    measure_update,
     poisson_sample,
     randk_mask,
     reclip,
     secure_rng,
     topk_mask,
     uniform_average,
+    uniform_sum,
 )
 
 SHAPES = [(32, 1, 5, 5), (32,), (64, 32, 5, 5), (64,), (10, 512), (10,)]
@@ -512,3 +514,48 @@ def test_reclip_bounds_any_update_and_flags_only_senders_that_did_not_clip():
     assert flagged and global_l2_norm(huge) <= 0.5
     _, flagged = reclip([(1 + 2 * RECLIP_TOLERANCE) * u for u in clipped_by_sender], 0.5)
     assert flagged  # just past the tolerance is a sender that did not clip
+
+
+def test_reclip_returns_an_update_within_the_bound_as_it_is_and_trusts_only_a_measured_norm():
+    rng = np.random.default_rng(4)
+    update = [rng.standard_normal((30, 20)).astype(np.float32), rng.standard_normal(20).astype(np.float32)]
+    norm = global_l2_norm(update)
+    kept, flagged = reclip(update, norm)  # exactly at the bound: nothing to clip, nothing copied
+    assert not flagged and all(a is b for a, b in zip(kept, update, strict=True))
+    assert reclip(update, norm, norm=norm)[0][0] is update[0]
+    # The norm the caller measured decides whether to clip; beyond the bound it is the clip's copy.
+    clipped, flagged = reclip(update, norm / 2, norm=norm)
+    assert flagged and global_l2_norm(clipped) <= norm / 2 and clipped[0] is not update[0]
+    expected, _ = clip_update(update, norm / 2)
+    assert all(np.array_equal(a, b) for a, b in zip(clipped, expected, strict=True))
+    with pytest.raises(ValueError):
+        reclip([np.array([np.nan], dtype=np.float32)], 1.0)
+    with pytest.raises(TypeError):
+        reclip([np.array([1, 2])], 10.0)
+
+
+def test_measure_update_gives_the_screens_verdict_and_the_norm_it_measured():
+    rng = np.random.default_rng(5)
+    update = _random_update(rng)
+    assert measure_update(update, SHAPES) == (None, global_l2_norm(update))
+    assert measure_update(update[:-1], SHAPES)[0] == "shape"
+    assert measure_update([u.astype(np.int32) for u in update], SHAPES)[0] == "shape"
+    nan = [u.copy() for u in update]
+    nan[1][0] = np.nan
+    assert measure_update(nan, SHAPES)[0] == "nonfinite"
+    overflowing = [np.full(shape, 1e200) for shape in SHAPES]
+    with np.errstate(over="ignore"):
+        kind, norm = measure_update(overflowing, SHAPES)
+    assert kind == "nonfinite" and not math.isfinite(norm)
+
+
+def test_uniform_sum_widens_each_dtype_exactly_as_a_float64_copy_would():
+    rng = np.random.default_rng(6)
+    updates = [[(rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 8)).astype(dtype) for shape in SHAPES]
+               for dtype in (np.float16, np.float32, np.float64, np.float32)]  # fmt: skip
+    expected = [np.zeros(shape) for shape in SHAPES]
+    for update in updates:
+        for total, tensor in zip(expected, update, strict=True):
+            total += tensor.astype(np.float64)
+    summed = uniform_sum(updates, SHAPES)
+    assert all(t.dtype == np.float64 and np.array_equal(t, e) for t, e in zip(summed, expected, strict=True))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterable
 
 import pytest
@@ -13,7 +15,8 @@ from strategies.messaging import MAX_INTERVAL_S, MIN_INTERVAL_S, pull_interval, 
 
 
 class Clock:
-    """Virtual time for the loop's ``time.monotonic`` and ``time.sleep``: the tests are exact and instant."""
+    """Virtual time for the loop's ``time.monotonic`` and its wait on :data:`messaging.reply_stored` (no engine
+    signals a reply here, so every wait lasts its interval): the tests are exact and instant."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -21,15 +24,20 @@ class Clock:
     def monotonic(self) -> float:
         return self.now
 
-    def sleep(self, seconds: float) -> None:
+    def clear(self) -> None:
+        pass
+
+    def wait(self, seconds: float) -> bool:
         assert seconds >= 0
         self.now += seconds
+        return False
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     clock = Clock()
     monkeypatch.setattr(messaging, "time", clock)
+    monkeypatch.setattr(messaging, "reply_stored", clock)
     return clock
 
 
@@ -106,3 +114,37 @@ def test_the_timeout_returns_what_arrived_without_waiting_past_it(clock: Clock) 
     replies = send_and_receive(grid, _messages(2), timeout=0.4)
     assert [r.metadata.reply_to_message_id for r in replies] == ["m0"]
     assert clock.now == pytest.approx(0.4)
+
+
+class SignallingGrid(TimedGrid):
+    """A grid on real time whose reply is stored ``delay`` seconds after the push by another thread, which then
+    signals it as the simulation engine's hook does (fl_app/delivery.py)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(Clock(), [0.0])
+        self.delay = delay
+        self.stored = threading.Event()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = list(super().push_messages(messages))
+
+        def answer() -> None:
+            time.sleep(self.delay)
+            self.stored.set()
+            messaging.reply_stored.set()
+
+        threading.Thread(target=answer, daemon=True).start()
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self.pulls += 1
+        return [self._due.pop(mid)[1] for mid in list(message_ids) if self.stored.is_set() and mid in self._due]
+
+
+def test_a_signalled_reply_is_pulled_at_once_not_at_the_end_of_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(messaging, "MIN_INTERVAL_S", 5.0)  # without the signal, the loop would wait 5 s
+    grid = SignallingGrid(delay=0.2)
+    started = time.monotonic()
+    replies = send_and_receive(grid, _messages(1), timeout=60.0)
+    assert len(replies) == 1
+    assert time.monotonic() - started < 2.0 and grid.pulls == 2  # the first pull, then the one the signal woke
