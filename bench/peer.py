@@ -97,6 +97,43 @@ def compute_limit(overrides: list[str], cores: int, steps: int = 60) -> dict[str
     }
 
 
+# What Flower's Ray engine costs before any of the app's code can run: the interpreter, ``import ray``, ``ray.init``
+# with the app's own init arguments, then one actor per core that imports torch and flwr (what every ClientApp
+# worker imports before its first local step), all answered. Times are seconds from the command's start.
+_RAY_FLOOR_CODE = r"""
+import json, sys, time
+start = float(sys.argv[1])
+import ray
+ray.init(**json.loads(sys.argv[2]))
+initialised = time.time()
+@ray.remote(num_cpus=1)
+class Worker:
+    def ready(self):
+        import torch, flwr
+        return time.time()
+workers = [Worker.remote() for _ in range(int(sys.argv[3]))]
+ready = ray.get([w.ready.remote() for w in workers])
+print(json.dumps({"ray_init_s": initialised - start, "workers_ready_s": max(ready) - start}))
+ray.shutdown()
+"""
+
+
+def ray_engine_floor(overrides: list[str], workers: int, tmp: Path) -> dict[str, float]:
+    """Seconds from a command's start to ``ray.init`` returning and to ``workers`` Ray actors that have imported
+    torch and flwr (with the app's ``ray.init`` arguments, :func:`fl_app.main.backend_config`): the least any
+    app on Flower's Ray engine takes to its first local step, before its own imports, config and data."""
+    from fl_app.main import backend_config
+
+    init_args = backend_config(compose_config(overrides))["init_args"]
+    env = {**run_env(tmp / "env_ray_floor"), **THREAD_ENV}
+    start = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-c", _RAY_FLOOR_CODE, repr(start), json.dumps(init_args), str(workers)],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=True, timeout=600,
+    )  # fmt: skip
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def import_torch_rss_mib(python: str = sys.executable) -> float:
     """Resident MiB of a fresh process that has done nothing but ``import torch`` (with ``python``): what every
     process that trains or evaluates pays before its first tensor (the CUDA wheels load their libraries also on
@@ -234,6 +271,7 @@ def cpu_peer(
     errors: dict[str, str] = {}
     result: dict[str, Any] = {"overrides": overrides, "rounds": num_rounds, "cores": procs}
     result["import_torch_rss_mib"] = {"app": import_torch_rss_mib(), "pfl": import_torch_rss_mib(python)}
+    result["ray_engine_floor"] = _attempt("ray_engine_floor", errors, ray_engine_floor, overrides, procs, tmp)
     for name in strategies:
         run = with_overrides(overrides, f"strategy={name}")
         part = tmp / f"peer_{name}"

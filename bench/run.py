@@ -690,6 +690,14 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             f"| PEER a process that only imports torch, MiB (app / pfl venv) | {floor['app']:.0f} / {floor['pfl']:.0f} "
             "| | |"
         )
+    if (ray_floor := peer.get("ray_engine_floor")) and (pfl_startups := [
+        peer[n]["pfl"]["startup_s"] for n in ("dp_fedavg", "dp_fedsam") if (peer.get(n) or {}).get("pfl")
+    ]):  # fmt: skip
+        lines.append(
+            f"| PEER Flower's Ray engine alone: command → ray.init / → {peer['cores']} workers with torch + flwr "
+            f"imported (s), against pfl's command → first local step | {ray_floor['ray_init_s']:.1f} / "
+            f"{ray_floor['workers_ready_s']:.1f} (pfl {min(pfl_startups):.1f}) | | |"
+        )
     if limit_step := next((peer[n]["limit"] for n in ("dp_fedavg", "dp_fedsam") if peer.get(n, {}).get("limit")), None):
         lines.append(
             f"| PEER limit: bare SGD step, one thread (samples/s) | {limit_step['samples_per_s_one_thread']:.0f} | | |"
