@@ -237,7 +237,7 @@ class SimulationConfig:
     #: cores / n_jobs when a launcher runs n_jobs simulations at once.
     total_cpus: int | None = None
     #: Clients per train message (population=virtual): 1 = one message per client; k > 1 = cohorts of about k
-    #: clients balanced by local steps; "auto" = one cohort per worker (SuperNode) in simulation, 1 in deployment.
+    #: clients balanced by local work; "auto" = one cohort per worker (SuperNode) in simulation, 1 in deployment.
     cohort_size: int | Literal["auto"] = "auto"
     #: How a worker trains a cohort: one client after another, or all at once on stacked models (torch.func);
     #: "auto" = vectorized on a GPU, sequential on a CPU.

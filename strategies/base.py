@@ -7,7 +7,7 @@ Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg.
    without replacement, from the stream ``(seed, t, SAMPLING)``; the accountant accounts the same event.
 3. **Configure** — each sampled client gets the global model and :class:`~fl_app.instructions.TrainInstructions`:
    its local optimizer (the strategy's recipe), C, σ, m and the noise placement. In cohort mode (simulation,
-   ``population=virtual``) one message carries a cohort of sampled clients, cohorts balanced by local steps.
+   ``population=virtual``) one message carries a cohort of sampled clients, cohorts balanced by local work (samples and steps).
 4. **Client** (clients/): local SGD or SAM → Δ → clip to C on the global norm → (client placement) + N(0, σ²C²/m).
    A cohort worker does this for each of its clients separately (clients/cohort.py) and replies with the float64
    sum of its accepted clients' updates plus each client's statistics and fate.
@@ -71,17 +71,19 @@ from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.privacy.pipeline import (
+    GaussianNoise,
     Mechanism,
     ServerStep,
     mechanisms_for,
     run_server_steps,
 )
+from fl_app.privacy.prefetch import PrefetchedNormals
 from fl_app.releases import Release, model_digest
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.aggregation import RoundReplies
 from strategies.auditing import CanaryAuditor, audit_report
 from strategies.clipping import AdaptiveClipNorm, ClipNorm, clip_norm_for
-from strategies.cohorts import balance_cohorts, cohort_count, local_steps
+from strategies.cohorts import balance_cohorts, cohort_count, local_work
 from strategies.noise import update_noise_multiplier
 from strategies.observers import RoundObserver
 from strategies.placement import Placement, placement
@@ -520,16 +522,16 @@ class FederatedStrategy(Strategy):
         """How many cohort messages carry this round's clients (0 = one message per client)."""
         return cohort_count(self.cohort_size, num_sampled, self.population.num_nodes)
 
-    def local_steps(self, partition_id: int) -> int:
-        """The local steps client ``partition_id`` takes this round (its work, for balancing cohorts)."""
-        return local_steps(self.config, self.local_training(), partition_id)
+    def local_work(self, partition_id: int) -> int:
+        """Client ``partition_id``'s work this round (:func:`strategies.cohorts.local_work`, for balancing cohorts)."""
+        return local_work(self.config, self.local_training(), partition_id)
 
     def plan_cohorts(self, sampled: list[int]) -> list[list[int]] | None:
-        """This round's cohorts (each sorted), balanced by local steps; None = one message per client."""
+        """This round's cohorts (each sorted), balanced by local work; None = one message per client."""
         count = self.cohort_count(len(sampled))
         if count == 0:
             return None
-        return balance_cohorts(sampled, [self.local_steps(pid) for pid in sampled], count)
+        return balance_cohorts(sampled, [self.local_work(pid) for pid in sampled], count)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -629,15 +631,29 @@ class FederatedStrategy(Strategy):
         if not self.private:
             return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
         average = mech.uniform_average(updates, self.expected_clients, plan.shapes)
+        rng = plan.server_noise
+        if rng is None:
+            rng = self.noise_rng(plan.server_round, STREAM_SERVER_NOISE)
         step = ServerStep(
             noise_std=self.placement.server_noise_std(
                 self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients
             ),
-            rng=self.noise_rng(plan.server_round, STREAM_SERVER_NOISE),
+            rng=rng,
             mask=plan.mask,
             updates=updates,
         )
         return run_server_steps(self.mechanisms, average, step)
+
+    def draw_noise_ahead(self, plan: RoundPlan) -> None:
+        """Start drawing the round's server noise on a background thread (:class:`PrefetchedNormals`, the same
+        stream :meth:`combine` would draw from, so the same values): the run calls this when the round's first
+        reply is in, so the draw runs on the core that worker freed instead of after the last reply. Only where the
+        server adds noise whoever answers (server placement); idempotent."""
+        if plan.server_noise is not None or not self.private or self.placement.clients_add_noise:
+            return
+        if not any(isinstance(mechanism, GaussianNoise) for mechanism in self.mechanisms):
+            return
+        plan.server_noise = PrefetchedNormals(self.noise_rng(plan.server_round, STREAM_SERVER_NOISE), plan.shapes)
 
     # ----- the run -----------------------------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from flwr.app import Message
 from flwr.serverapp import Grid
@@ -41,9 +41,16 @@ def pull_interval(elapsed: float) -> float:
     return min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, INTERVAL_SHARE * elapsed))
 
 
-def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | None) -> list[Message]:
+def send_and_receive(
+    grid: Grid,
+    messages: Iterable[Message],
+    timeout: float | None,
+    on_first_reply: Callable[[], None] | None = None,
+) -> list[Message]:
     """Push ``messages`` and pull their replies until all have come back or ``timeout`` seconds have passed
-    (``None``: no limit), as :meth:`flwr.serverapp.Grid.send_and_receive` does, pulling at :func:`pull_interval`."""
+    (``None``: no limit), as :meth:`flwr.serverapp.Grid.send_and_receive` does, pulling at :func:`pull_interval`.
+    ``on_first_reply`` is called once, right after the pull that brought the first reply (work the server can
+    start before the last one is in)."""
     pending = set(grid.push_messages(messages))
     start = time.monotonic()
     replies: list[Message] = []
@@ -51,6 +58,8 @@ def send_and_receive(grid: Grid, messages: Iterable[Message], timeout: float | N
         # Cleared before the pull: a reply stored during or after it sets the signal again, so it never waits.
         reply_stored.clear()
         arrived = list(grid.pull_messages(pending))
+        if arrived and not replies and on_first_reply is not None:
+            on_first_reply()
         replies.extend(arrived)
         pending.difference_update(reply.metadata.reply_to_message_id for reply in arrived)
         elapsed = time.monotonic() - start

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from functools import partial
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
@@ -81,7 +82,9 @@ def run_rounds(
             break
         t0 = time.perf_counter()
         plan = strategy.plan_round(server_round, arrays, train_config)
-        replies = send_and_receive(grid, plan.messages, timeout)
+        # The server's noise is drawn while the last cohorts finish (fl_app/privacy/prefetch.py).
+        ahead = partial(strategy.draw_noise_ahead, plan)
+        replies = send_and_receive(grid, plan.messages, timeout, on_first_reply=ahead)
         t_replies = time.perf_counter()
         outcome = strategy.aggregate(plan, replies)
         t_aggregated = time.perf_counter()

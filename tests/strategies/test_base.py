@@ -630,3 +630,40 @@ def test_round_zero_checkpoint_is_written_before_the_first_round(tmp_path):
     for a, b in zip(ckpt.weights, weights, strict=True):
         np.testing.assert_array_equal(a, b)
     assert not list(tmp_path.glob(".*.tmp"))  # no temp file left behind
+
+
+# ----- the server's noise drawn ahead (fl_app/privacy/prefetch.py) -------------------------------------------------
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_noise_drawn_ahead_releases_the_model_drawn_on_demand(secure: bool):
+    overrides = ["strategy=dp_fedavg", *SMALL_POP, "privacy.noise_multiplier=1.0"]
+    if secure:
+        overrides.append("privacy.secure_noise=true")
+    old = random_update(SMALL_SHAPES, 0.1, seed=0)
+    updates = {3: with_norm(SMALL_SHAPES, 0.1, seed=1), 7: with_norm(SMALL_SHAPES, 0.15, seed=2)}
+    released = []
+    for ahead in (False, True):
+        strategy = build(*overrides)
+        plan = prime(strategy, old, sampled=2)
+        if ahead:
+            strategy.draw_noise_ahead(plan)
+            assert plan.server_noise is not None
+            strategy.draw_noise_ahead(plan)  # idempotent: the same draws, started once
+        released.append(strategy.aggregate(plan, [reply(pid, u) for pid, u in updates.items()]).new_weights)
+    if secure:  # fresh CSPRNG noise each time: the same law, not the same values
+        assert all(not np.array_equal(a, b) for a, b in zip(*released, strict=True))
+    else:
+        assert all(np.array_equal(a, b) for a, b in zip(*released, strict=True))  # bit for bit
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [("strategy=dp_fedavg", "privacy.placement=client", "privacy.sampling=fixed"), ("strategy=fedavg",)],
+    ids=["client", "non-dp"],
+)
+def test_no_noise_is_drawn_ahead_where_the_server_adds_none_for_a_full_round(overrides: tuple[str, ...]):
+    strategy = build(*overrides, *SMALL_POP)
+    plan = prime(strategy, random_update(SMALL_SHAPES, 0.1, seed=0), sampled=2)
+    strategy.draw_noise_ahead(plan)
+    assert plan.server_noise is None

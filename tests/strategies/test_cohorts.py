@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 
+from fl_app.data.partition import get_partition
+from fl_app.instructions import LocalTrainingConfig, NoisyLocalConfig
 from fl_app.privacy import mechanisms as mech
-from strategies.cohorts import balance_cohorts
+from strategies.cohorts import STEP_COST_SAMPLES, balance_cohorts, local_work
 from strategies.rounds import RoundPlan
 from tests.helpers import FakeGrid, build, prime, push, reply, with_norm, zeros
 
@@ -72,6 +74,27 @@ def test_balance_cohorts_partitions_the_sample_and_balances_the_work():
     assert len(balance_cohorts([4, 2], [0, 0], 5)) == 2  # never an empty cohort, even at zero work
 
 
+def test_local_work_counts_the_samples_of_the_steps_taken_and_a_fixed_cost_a_step():
+    config = build("dataset.num_clients=50").config
+    d = config.dataset
+    sizes = {
+        pid: len(get_partition(d.name, d.data_dir, d.partition, d.num_clients, d.alpha, config.seed, pid,
+                               num_samples=d.max_train_samples or None))
+        for pid in range(50)
+    }  # fmt: skip
+    pid = next(p for p, n in sizes.items() if n > 64 and n % 32)  # a client with a partial last batch
+    n, steps = sizes[pid], math.ceil(sizes[pid] / 32)
+    one_epoch = LocalTrainingConfig(epochs=1, batch_size=32, lr=0.1)
+    assert local_work(config, one_epoch, pid) == n + STEP_COST_SAMPLES * steps
+    two_epochs = LocalTrainingConfig(epochs=2, batch_size=32, lr=0.1)
+    assert local_work(config, two_epochs, pid) == 2 * n + STEP_COST_SAMPLES * 2 * steps
+    # Cut short inside the second epoch: one whole epoch, then full batches.
+    capped = LocalTrainingConfig(epochs=2, batch_size=32, lr=0.1, max_steps=steps + 2)
+    assert local_work(config, capped, pid) == n + 2 * 32 + STEP_COST_SAMPLES * (steps + 2)
+    noisy = NoisyLocalConfig(steps=10, batch_size=16, lr=0.1, schedule="constant", grad_clip=1.0)
+    assert local_work(config, noisy, pid) == 10 * (16 + STEP_COST_SAMPLES)
+
+
 def test_cohort_count_follows_the_config_and_the_engine():
     assert _cohort_strategy("simulation.cohort_size=auto", nodes=3).cohort_count(10) == 3
     assert _cohort_strategy("simulation.cohort_size=auto", nodes=3).cohort_count(2) == 2
@@ -94,9 +117,9 @@ def test_cohort_messages_carry_every_sampled_client_once_with_its_fault():
     for message, cohort in zip(messages, cohorts, strict=True):
         faults = list(message.content["config"]["faults"])
         assert faults == ["nan" if p == 7 else "" for p in cohort]
-    steps = {p: strategy.local_steps(p) for p in sampled}
-    loads = [sum(steps[p] for p in c) for c in cohorts]
-    assert max(loads) <= sum(steps.values()) / 3 + max(steps.values())
+    work = {p: strategy.local_work(p) for p in sampled}
+    loads = [sum(work[p] for p in c) for c in cohorts]
+    assert max(loads) <= sum(work.values()) / 3 + max(work.values())
 
 
 @pytest.mark.parametrize("name", ["dp_fedavg", "fedavg"])

@@ -148,3 +148,12 @@ def test_a_signalled_reply_is_pulled_at_once_not_at_the_end_of_the_interval(monk
     replies = send_and_receive(grid, _messages(1), timeout=60.0)
     assert len(replies) == 1
     assert time.monotonic() - started < 2.0 and grid.pulls == 2  # the first pull, then the one the signal woke
+
+
+def test_on_first_reply_runs_once_right_after_the_first_reply_is_pulled(clock: Clock) -> None:
+    grid = TimedGrid(clock, [0.30, 0.90, 0.30])
+    calls: list[float] = []
+    replies = send_and_receive(grid, _messages(3), timeout=600.0, on_first_reply=lambda: calls.append(clock.now))
+    assert len(replies) == 3 and len(calls) == 1  # once, although two replies came in the same pull
+    # Within one interval of the first replies, long before the last one.
+    assert 0.30 <= calls[0] <= 0.30 * (1 + messaging.INTERVAL_SHARE) + MIN_INTERVAL_S
