@@ -7,7 +7,8 @@ Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg.
    without replacement, from the stream ``(seed, t, SAMPLING)``; the accountant accounts the same event.
 3. **Configure** — each sampled client gets the global model and :class:`~fl_app.instructions.TrainInstructions`:
    its local optimizer (the strategy's recipe), C, σ, m and the noise placement. In cohort mode (simulation,
-   ``population=virtual``) one message carries a cohort of sampled clients, cohorts balanced by local work (samples and steps).
+   ``population=virtual``) one message carries a cohort of sampled clients, cohorts balanced by local work
+   (samples and steps).
 4. **Client** (clients/): local SGD or SAM → Δ → clip to C on the global norm → (client placement) + N(0, σ²C²/m).
    A cohort worker does this for each of its clients separately (clients/cohort.py) and replies with the float64
    sum of its accepted clients' updates plus each client's statistics and fate.
@@ -671,7 +672,8 @@ class FederatedStrategy(Strategy):
         :meth:`flwr.serverapp.strategy.Strategy.start` does: ``result.arrays`` the last released model,
         ``train_metrics_clientapp`` the round's published client metrics (mean local train loss/accuracy under
         raw client statistics), ``evaluate_metrics_serverapp`` what ``evaluate_fn`` returned for the initial model
-        (round 0, unless resuming) and after every ``eval_every``-th round and the last. Evaluation is central:
+        (round 0, unless resuming; evaluated after the first round's release, so that round does not wait for it) and
+        after every ``eval_every``-th round and the last. Evaluation is central:
         ``evaluate_config`` is accepted and unused (clients only train).
 
         With ``checkpoint_dir`` (constructor) the state after every ``checkpoint_every``-th round (and the last) is

@@ -69,10 +69,10 @@ def run_rounds(
             "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
     if strategy.on_accounted is not None:
         strategy.on_accounted(strategy)
-    if evaluate_fn is not None and strategy.resume_from is None:
-        initial = evaluate_fn(0, initial_arrays)  # Flower's start() evaluates the initial model too
-        if initial is not None:
-            result.evaluate_metrics_serverapp[0] = initial
+    # Flower's start() evaluates the initial model too; here after the first round's release (before that round's
+    # own evaluation), so that the workers' start-up and first round do not wait for it: the same model and test
+    # set, so the same result.
+    initial_pending = evaluate_fn is not None and strategy.resume_from is None
     for server_round in range(first_round, num_rounds + 1):
         # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
         repeat = strategy.releases.repeats(server_round)
@@ -98,6 +98,9 @@ def run_rounds(
             strategy.rounds_released += int(strategy.private)
         if strategy.on_accounted is not None:
             strategy.on_accounted(strategy)
+        if initial_pending:
+            _evaluate_initial(evaluate_fn, initial_arrays, result)
+            initial_pending = False
         record = _round_record(strategy, server_round, outcome)
         if strategy.auditor is not None and strategy.auditor.due(server_round, num_rounds):
             record.update(strategy.evaluate_audit(server_round))
@@ -121,8 +124,18 @@ def run_rounds(
         strategy.rounds_completed += 1
         for observer in observers:
             observer.round_completed(strategy, server_round, outcome, record)
+    if initial_pending:  # no round ran (the budget guard stopped the first)
+        _evaluate_initial(evaluate_fn, initial_arrays, result)
     strategy.finish_audit(strategy.checkpoint_dir, num_rounds)
     return result
+
+
+def _evaluate_initial(evaluate_fn: EvaluateFn | None, initial_arrays: ArrayRecord, result: Result) -> None:
+    """Round 0 of ``result.evaluate_metrics_serverapp``: ``evaluate_fn`` on the initial model."""
+    assert evaluate_fn is not None
+    initial = evaluate_fn(0, initial_arrays)
+    if initial is not None:
+        result.evaluate_metrics_serverapp[0] = initial
 
 
 def _observers(strategy: FederatedStrategy, num_rounds: int) -> list[RoundObserver]:

@@ -8,6 +8,7 @@ import inspect
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from flwr.app import ArrayRecord, MetricRecord
@@ -72,3 +73,34 @@ def test_start_evaluates_flowers_way_and_returns_flowers_result():
     assert strategy.rounds_completed == 3
     assert strategy.epsilon() == pytest.approx(compute_epsilon(0.95, 0.2, 3, 1 / 50), rel=1e-12)
     assert not math.isnan(result.evaluate_metrics_serverapp[1]["test_accuracy"])
+
+
+def test_the_initial_model_is_evaluated_after_the_first_round_is_sent_and_before_its_evaluation():
+    seen: list[tuple[int, list[np.ndarray], int]] = []
+    grid = FakeGrid()
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        seen.append((server_round, arrays.to_numpy_ndarrays(), len(grid.sent)))
+        return MetricRecord({"test_accuracy": 0.5, "test_loss": 1.0})
+
+    strategy = build("strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2", "eval_every=1")
+    initial = zeros(SHAPES)
+    result = strategy.start(grid, ArrayRecord(initial), num_rounds=2, evaluate_fn=evaluate_fn)
+    assert [(r, rounds_sent) for r, _, rounds_sent in seen] == [(0, 1), (1, 1), (2, 2)]  # round 1 went out first
+    assert all(np.array_equal(a, b) for a, b in zip(seen[0][1], initial, strict=True))  # the initial model
+    assert list(result.evaluate_metrics_serverapp) == [0, 1, 2]
+
+
+def test_the_initial_model_is_evaluated_when_no_round_may_run():
+    calls: list[int] = []
+
+    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        calls.append(server_round)
+        return MetricRecord({"test_accuracy": 0.5})
+
+    strategy = build(
+        "strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2", "privacy.max_epsilon=0.01"
+    )
+    result = strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=3, evaluate_fn=evaluate_fn)
+    assert calls == [0] and strategy.rounds_completed == 0 and strategy.stop_reason is not None
+    assert list(result.evaluate_metrics_serverapp) == [0]
