@@ -261,15 +261,42 @@ def gpu_peer(overrides: list[str], num_rounds: int, tmp: Path, python: str) -> d
     return result
 
 
+def pooled(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Repeated runs of one contender as one: s/round the median over every steady round of every run, startup the
+    median of the runs', peak RSS the largest run's (with its breakdown by kind); each run's figures under
+    ``runs``. None when no run succeeded."""
+    if not runs:
+        return None
+    peak = max(runs, key=lambda run: run["peak_rss_mib"])
+    every_round = [t for run in runs for t in run["round_s_each"]]
+    return {
+        **runs[0],
+        "round_s": statistics.median(every_round),
+        "round_s_each": every_round,
+        "startup_s": statistics.median(run["startup_s"] for run in runs),
+        "peak_rss_mib": peak["peak_rss_mib"],
+        "peak_rss_by_kind_mib": peak["peak_rss_by_kind_mib"],
+        "runs": [{k: run[k] for k in ("round_s", "startup_s", "peak_rss_mib")} for run in runs],
+    }
+
+
 def cpu_peer(
-    overrides: list[str], num_rounds: int, tmp: Path, python: str, strategies: tuple[str, ...], procs: int
+    overrides: list[str],
+    num_rounds: int,
+    tmp: Path,
+    python: str,
+    strategies: tuple[str, ...],
+    procs: int,
+    repeats: int = 2,
 ) -> dict[str, Any]:
     """The P2 configuration on this machine's cores, per strategy: the app (its CPU default), pfl with ``procs``
-    one-thread workers, and the compute limit; every s/round also as a ratio to the limit."""
+    one-thread workers, and the compute limit; every s/round also as a ratio to the limit. Each contender runs
+    ``repeats`` times, the two alternating (pfl first, then the app first, ...), so that a slow spell of the machine
+    does not fall on one side only; their runs are :func:`pooled`."""
     from bench.run import with_overrides
 
     errors: dict[str, str] = {}
-    result: dict[str, Any] = {"overrides": overrides, "rounds": num_rounds, "cores": procs}
+    result: dict[str, Any] = {"overrides": overrides, "rounds": num_rounds, "cores": procs, "repeats": repeats}
     result["import_torch_rss_mib"] = {"app": import_torch_rss_mib(), "pfl": import_torch_rss_mib(python)}
     result["ray_engine_floor"] = _attempt("ray_engine_floor", errors, ray_engine_floor, overrides, procs, tmp)
     for name in strategies:
@@ -277,10 +304,19 @@ def cpu_peer(
         part = tmp / f"peer_{name}"
         part.mkdir(parents=True, exist_ok=True)
         entry: dict[str, Any] = {}
-        entry["pfl"] = _attempt(
-            f"{name}/pfl", errors, pfl_contender, run, num_rounds, part, "pfl", python, procs, "cpu"
-        )
-        entry["app"] = _attempt(f"{name}/app", errors, app_contender, run, num_rounds, part, "app")
+        runs: dict[str, list[dict[str, Any]]] = {"pfl": [], "app": []}
+        for repeat in range(repeats):
+            for side in ("pfl", "app") if repeat % 2 == 0 else ("app", "pfl"):
+                label = f"{side}{repeat}"
+                if side == "pfl":
+                    done = _attempt(
+                        f"{name}/{label}", errors, pfl_contender, run, num_rounds, part, label, python, procs, "cpu"
+                    )
+                else:
+                    done = _attempt(f"{name}/{label}", errors, app_contender, run, num_rounds, part, label)
+                if done is not None:
+                    runs[side].append(done)
+        entry["pfl"], entry["app"] = pooled(runs["pfl"]), pooled(runs["app"])
         limit = _attempt(f"{name}/limit", errors, compute_limit, run, procs)
         entry["limit"] = limit
         if limit and entry["pfl"]:
@@ -307,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case", choices=("cpu", "gpu"), default="cpu")
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--procs", type=int, default=os.cpu_count() or 1, help="pfl's CPU workers (= cores)")
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each CPU contender, alternating")
     parser.add_argument("--pfl-python", default=None)
     parser.add_argument("--set", dest="extra", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, required=True)
@@ -319,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         result = gpu_peer(overrides, args.rounds, tmp, python)
     else:
         overrides = with_overrides(P2_OVERRIDES, *args.extra)
-        result = cpu_peer(overrides, args.rounds, tmp, python, ("dp_fedavg", "dp_fedsam"), args.procs)
+        result = cpu_peer(overrides, args.rounds, tmp, python, ("dp_fedavg", "dp_fedsam"), args.procs, args.repeats)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

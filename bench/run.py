@@ -23,7 +23,8 @@ comparison is a ratio of two measurements taken side by side in this one invocat
 * **PEER** (``--peer pfl``; issue 22) — the app against pfl-research and the machine's compute limit, for
   DP-FedAvg and DP-FedSAM on the P2 config (bench/peer.py): s/round, command → first local step and peak RSS of
   every process of the app (its CPU default) and of pfl (P one-thread ``torchrun`` workers replaying the app's
-  clients, mini-batches and initial weights, bench/pfl_peer.py), each s/round also as a ratio to the limit (the
+  clients, mini-batches and initial weights, bench/pfl_peer.py), each run twice, the two alternating, and pooled
+  (s/round: the median over every steady round of both runs); each s/round also as a ratio to the limit (the
   run's bare local step on one thread × the cores). Targets: app / pfl ≤ 0.90, app / limit ≤ 1.15, startup
   ≤ 10 s and below pfl's, peak RSS ≤ 3 GB. With a GPU, ``--peer pfl --only GPU`` adds bench/peer.py's GPU case.
 * **GPU** (``--only GPU``; in the default set when torch sees a CUDA device) — the papers' scale on one GPU:
@@ -662,6 +663,11 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             f"| PEER {name} s/round: app / pfl-research ({peer['cores']}×1 thread) / compute limit | "
             f"{_num(app.get('round_s'))} / {_num(pfl.get('round_s'))} / {_num(limit.get('round_s'))} | | |"
         )
+        if app.get("runs") and pfl.get("runs"):
+            each = " / ".join(
+                ", ".join(_num(run["round_s"], ".3f") for run in side["runs"]) for side in (app, pfl)
+            )  # fmt: skip
+            lines.append(f"| PEER {name} s/round of each run (medians): app / pfl | {each} | | |")
         lines.append(
             f"| PEER {name} app / pfl | **{_num(entry['ratio_app_over_pfl'], '.3f')}** | ≤ {t['ratio_app_over_pfl']} "
             f"| {_met(entry['ratio_app_over_pfl'], t['ratio_app_over_pfl'])} |"

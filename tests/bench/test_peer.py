@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench.baseline import partition_indices, sampled_partitions, shuffle_generator
-from bench.peer import round_samples
+from bench.peer import pooled, round_samples
 from bench.pfl_peer import check_peer_supported, write_replay
 from bench.run import to_markdown
 from fl_app.config import compose_config
@@ -85,3 +85,19 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
     text = to_markdown(results)
     assert "| PEER dp_fedavg app / pfl | **1.250** | ≤ 0.9 | **no** |" in text
     assert "2.00 / 1.60 / 1.40" in text
+
+
+def test_repeated_runs_pool_into_one_contender() -> None:
+    runs = [
+        {"round_s": 0.9, "round_s_each": [0.8, 0.9, 1.0], "startup_s": 8.0, "peak_rss_mib": 4000.0,
+         "peak_rss_by_kind_mib": {"driver": 1.0}, "model_file": "a"},
+        {"round_s": 0.7, "round_s_each": [0.6, 0.7, 0.75], "startup_s": 9.0, "peak_rss_mib": 4100.0,
+         "peak_rss_by_kind_mib": {"driver": 2.0}, "model_file": "b"},
+    ]  # fmt: skip
+    one = pooled(runs)
+    assert one is not None
+    assert one["round_s"] == pytest.approx(0.775)  # the median of all six steady rounds, not of the two medians
+    assert one["startup_s"] == pytest.approx(8.5)
+    assert (one["peak_rss_mib"], one["peak_rss_by_kind_mib"]) == (4100.0, {"driver": 2.0})  # the larger run's
+    assert [run["round_s"] for run in one["runs"]] == [0.9, 0.7]
+    assert pooled([]) is None
