@@ -400,12 +400,12 @@ def measure_update(
     get that far), for a receiver that re-clips next (:func:`reclip`'s ``norm``)."""
     if not has_shapes(update, shapes) or not all(np.issubdtype(np.asarray(u).dtype, np.floating) for u in update):
         return "shape", math.nan
-    if not is_finite_update(update):
-        return "nonfinite", math.nan
-    norm = global_l2_norm(update)
+    # One pass decides: the norm is a sum of squares, so a NaN anywhere makes it NaN and an infinity infinite (no
+    # inf - inf can arise). Finite values can still overflow it (float64 coordinates of 1e200): such an update
+    # cannot be clipped, so it is rejected like a NaN.
+    with np.errstate(over="ignore", invalid="ignore"):
+        norm = global_l2_norm(update)
     if not math.isfinite(norm):
-        # Finite values can still overflow the norm (float64 coordinates of 1e200): such an update cannot be
-        # clipped, so it is rejected like a NaN.
         return "nonfinite", norm
     return None, norm
 

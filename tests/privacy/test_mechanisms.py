@@ -549,6 +549,21 @@ def test_measure_update_gives_the_screens_verdict_and_the_norm_it_measured():
     assert kind == "nonfinite" and not math.isfinite(norm)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_one_nonfinite_coordinate_anywhere_rejects_the_update(dtype: type, bad: float):
+    rng = np.random.default_rng(7)
+    shapes = [(3, 70_000), (5,)]  # the first tensor spans several of the norm's blocks
+    for index in (0, 65_535, 65_536, 209_999):
+        update = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+        update[0].reshape(-1)[index] = bad
+        assert measure_update(update, shapes)[0] == "nonfinite"
+        assert not is_finite_update(update)
+    update = [rng.standard_normal(shape).astype(dtype) for shape in shapes]
+    update[1][-1] = bad
+    assert measure_update(update, shapes)[0] == "nonfinite"
+
+
 def test_uniform_sum_widens_each_dtype_exactly_as_a_float64_copy_would():
     rng = np.random.default_rng(6)
     updates = [[(rng.standard_normal(shape) * 10.0 ** rng.integers(-8, 8)).astype(dtype) for shape in SHAPES]
