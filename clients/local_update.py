@@ -17,7 +17,7 @@ from torch import nn
 
 from clients.regularizers import make_blur_loss
 from clients.training import LocalTrainingResult, train_local, train_local_noisy
-from fl_app.data.datasets import TensorData, load_dataset
+from fl_app.data.datasets import TensorData, load_split
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions
 from fl_app.models import build_model_for_dataset, get_weights, resolve_device, set_weights, to_compute_layout
@@ -25,8 +25,7 @@ from fl_app.privacy.mechanisms import random_source
 
 
 def _train_data(spec: DataSpec) -> TensorData:
-    train, _ = load_dataset(spec.dataset, spec.data_dir or None, download=spec.download)
-    return train
+    return load_split(spec.dataset, spec.data_dir or None, train=True, download=spec.download)
 
 
 @functools.lru_cache(maxsize=4)

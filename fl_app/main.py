@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from fl_app.checkpoint import resolve_resume
 from fl_app.config import AppConfig, ConfigError, load_app_config
-from fl_app.data.datasets import DatasetUnavailableError, load_dataset
+from fl_app.data.datasets import DatasetUnavailableError, check_dataset
 
 
 def simulation_nodes(config: AppConfig) -> int:
@@ -133,7 +133,8 @@ def preflight(config: AppConfig) -> None:
     from fl_app.server_app import build_strategy
 
     build_strategy(config)
-    load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
+    # Both splits read and checked, nothing kept: this process evaluates on the test split and trains on none.
+    check_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
     if config.simulation.ray_address is not None:
         check_ray_address(config.simulation.ray_address)
 

@@ -27,7 +27,7 @@ from fl_app.allocator import keep_freed_memory
 from fl_app.atomic import atomic_write
 from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
-from fl_app.data.datasets import load_dataset
+from fl_app.data.datasets import load_split
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, evaluate, get_weights, resolve_device, set_weights, weight_names
 from fl_app.threads import limit_library_threads
@@ -51,7 +51,7 @@ def build_strategy(config: AppConfig, **run: Any) -> FederatedStrategy:
 
 def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
     """Global test-set evaluation of the global model (SPEC §8) in Flower's form, model and test set built once."""
-    _, test = load_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
+    test = load_split(config.dataset.name, config.dataset.data_dir, train=False, download=config.dataset.download)
     n = config.dataset.max_test_samples or len(test)
     test_x, test_y = test.x[:n], test.y[:n]
     device = resolve_device(config.simulation.device)

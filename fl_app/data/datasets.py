@@ -41,9 +41,12 @@ __all__ = [
     "DatasetInfo",
     "DatasetUnavailableError",
     "TensorData",
+    "check_dataset",
     "clear_dataset_cache",
     "labels_of",
     "load_dataset",
+    "load_labels",
+    "load_split",
     "resolve_data_dir",
 ]
 
@@ -244,7 +247,15 @@ _LOAD_ERRORS = (
 )
 
 
-def _to_tensor_data(images: torch.Tensor | np.ndarray, labels: object, info: DatasetInfo) -> TensorData:
+def _checked_labels(labels: object, info: DatasetInfo) -> np.ndarray:
+    y = np.asarray(labels, dtype=np.int64)
+    if y.size and (int(y.min()) < 0 or int(y.max()) >= info.num_classes):
+        raise ValueError(f"labels outside [0, {info.num_classes}): min {int(y.min())}, max {int(y.max())}")
+    return y
+
+
+def _checked_images(images: torch.Tensor | np.ndarray, info: DatasetInfo) -> torch.Tensor:
+    """The uint8 images as N×C×H×W (a view where possible), or ValueError."""
     x = torch.as_tensor(np.asarray(images))
     if x.dtype != torch.uint8:
         raise ValueError(f"expected uint8 images, got {x.dtype}")
@@ -255,12 +266,15 @@ def _to_tensor_data(images: torch.Tensor | np.ndarray, labels: object, info: Dat
     expected = (info.in_channels, info.image_size, info.image_size)
     if tuple(x.shape[1:]) != expected:
         raise ValueError(f"expected images of shape N×{expected}, got {tuple(x.shape)}")
+    return x
+
+
+def _to_tensor_data(images: torch.Tensor | np.ndarray, labels: object, info: DatasetInfo) -> TensorData:
+    x = _checked_images(images, info)
+    y = torch.as_tensor(_checked_labels(labels, info))
     mean = torch.tensor(info.mean, dtype=torch.float32).view(1, -1, 1, 1)
     std = torch.tensor(info.std, dtype=torch.float32).view(1, -1, 1, 1)
     xf = x.to(torch.float32).div_(255.0).sub_(mean).div_(std).contiguous()
-    y = torch.as_tensor(np.asarray(labels, dtype=np.int64))
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= info.num_classes):
-        raise ValueError(f"labels outside [0, {info.num_classes}): min {int(y.min())}, max {int(y.max())}")
     return TensorData(x=xf, y=y)
 
 
@@ -299,14 +313,22 @@ def _as_arrays(images: object, labels: object) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(np.asarray(images)), np.asarray(labels, dtype=np.int64)
 
 
-def _read_decoded(root: str, name: str, signature: list[list[Any]]) -> tuple[tuple[np.ndarray, np.ndarray], ...] | None:
+def _split_name(train: bool) -> str:
+    return "train" if train else "test"
+
+
+def _read_decoded(
+    root: str, name: str, signature: list[list[Any]], members: tuple[str, ...]
+) -> list[np.ndarray] | None:
+    """The cached arrays ``members`` (e.g. ``train_x``, ``train_y``; each read alone from the ``.npz``), or None when
+    the cache is absent, stale (another source signature) or damaged."""
     if not signature:
         return None
     try:
         with np.load(_decoded_path(root, name), allow_pickle=False) as cached:
             if json.loads(str(cached["signature"])) != signature:
                 return None
-            return (cached["train_x"], cached["train_y"]), (cached["test_x"], cached["test_y"])
+            return [cached[member] for member in members]
     except (OSError, ValueError, KeyError, zipfile.BadZipFile):
         return None  # absent, stale or damaged: decode the sources again
 
@@ -328,55 +350,76 @@ def _write_decoded(
         os.chmod(path, 0o644)  # the data dir may be shared with other users, as the extracted files are
 
 
-@functools.cache  # = lru_cache(maxsize=None)
-def _load_cached(name: str, root: str, system_dir: str) -> tuple[TensorData, TensorData]:
-    """Load both splits from local files only (never downloads); exceptions are never cached."""
-    info = DATASETS[name]
+def _read_raw(name: str, root: str, system_dir: str, members: tuple[str, ...]) -> list[np.ndarray]:
+    """The decoded arrays ``members`` from local files only (never downloads): from the decoded cache while it is
+    current, else decoded from the sources through torchvision (both splits, written to the cache)."""
+    if name == "fashion_mnist" and not _prepare_fashion_mnist(root, system_dir):
+        raise DatasetUnavailableError(
+            f"Fashion-MNIST not found in {system_dir} "
+            f"nor in {os.path.join(root, 'FashionMNIST', 'raw')}. " + _how_to(name, root, system_dir)
+        )
+    signature = _source_signature(root, name)
+    cached = _read_decoded(root, name, signature, members)
+    if cached is not None:
+        return cached
+    loader = _RAW_LOADERS[name]
+    (train_x, train_y), (test_x, test_y) = raw = tuple(_as_arrays(*loader(root, t, False)) for t in (True, False))
+    _write_decoded(root, name, signature, raw)
+    decoded = {"train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y}
+    return [decoded[member] for member in members]
+
+
+def _unavailable(name: str, root: str, system_dir: str, exc: BaseException) -> DatasetUnavailableError:
+    return DatasetUnavailableError(
+        f"Could not load {name} from {root}: {type(exc).__name__}: {exc}. " + _how_to(name, root, system_dir)
+    )
+
+
+@functools.cache  # = lru_cache(maxsize=None); exceptions are never cached
+def _load_split_cached(name: str, root: str, system_dir: str, train: bool) -> TensorData:
+    split = _split_name(train)
     try:
-        if name == "fashion_mnist" and not _prepare_fashion_mnist(root, system_dir):
-            raise DatasetUnavailableError(
-                f"Fashion-MNIST not found in {system_dir} "
-                f"nor in {os.path.join(root, 'FashionMNIST', 'raw')}. " + _how_to(name, root, system_dir)
-            )
-        signature = _source_signature(root, name)
-        raw = _read_decoded(root, name, signature)
-        if raw is None:
-            loader = _RAW_LOADERS[name]
-            raw = tuple(_as_arrays(*loader(root, train, False)) for train in (True, False))
-            _write_decoded(root, name, signature, raw)
-        splits = tuple(_to_tensor_data(*split, info) for split in raw)
+        images, labels = _read_raw(name, root, system_dir, (f"{split}_x", f"{split}_y"))
+        return _to_tensor_data(images, labels, DATASETS[name])
     except DatasetUnavailableError:
         raise
     except _LOAD_ERRORS as exc:
-        raise DatasetUnavailableError(
-            f"Could not load {name} from {root}: {type(exc).__name__}: {exc}. " + _how_to(name, root, system_dir)
-        ) from exc
-    return splits[0], splits[1]
+        raise _unavailable(name, root, system_dir, exc) from exc
+
+
+@functools.cache
+def _load_labels_cached(name: str, root: str, system_dir: str, train: bool) -> np.ndarray:
+    try:
+        (labels,) = _read_raw(name, root, system_dir, (f"{_split_name(train)}_y",))
+        labels = _checked_labels(labels, DATASETS[name])
+    except DatasetUnavailableError:
+        raise
+    except _LOAD_ERRORS as exc:
+        raise _unavailable(name, root, system_dir, exc) from exc
+    labels.setflags(write=False)  # shared by every caller in the process
+    return labels
+
+
+def _check_split(name: str, root: str, system_dir: str, train: bool) -> None:
+    split = _split_name(train)
+    try:
+        images, labels = _read_raw(name, root, system_dir, (f"{split}_x", f"{split}_y"))
+        x = _checked_images(images, DATASETS[name])
+        y = _checked_labels(labels, DATASETS[name])
+        if len(x) != len(y):
+            raise ValueError(f"{len(x)} {split} images but {len(y)} labels")
+    except DatasetUnavailableError:
+        raise
+    except _LOAD_ERRORS as exc:
+        raise _unavailable(name, root, system_dir, exc) from exc
 
 
 _LOAD_LOCK = threading.Lock()
 
 
-def load_dataset(
-    name: str,
-    data_dir: str | None = None,
-    download: bool = False,
-    system_dir: str = FASHION_MNIST_SYSTEM_DIR,
-) -> tuple[TensorData, TensorData]:
-    """Return ``(train, test)`` of dataset ``name`` as normalised tensors, cached per process.
-
-    Args:
-        name: one of :data:`DATASETS`.
-        data_dir: torchvision root; ``None`` means ``~/.cache/dpfedsam/data``.
-        download: let torchvision download the files if they are not present locally. Only consulted when
-            the local load fails, so the cache entry is shared by ``download=True`` and ``False`` calls.
-        system_dir: where the Debian package put the Fashion-MNIST IDX ``.gz`` files.
-
-    Raises:
-        ValueError: unknown dataset name.
-        DatasetUnavailableError: files missing or corrupt (and not downloadable); the message says how
-            to get them.
-    """
+def _locally_or_downloaded(name: str, data_dir: str | None, download: bool, system_dir: str, load: Any) -> Any:
+    """``load(name, root, system_dir)`` from local files; when that fails and ``download``, after torchvision
+    downloaded both splits (once), again."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; known: {sorted(DATASETS)}")
     root = resolve_data_dir(data_dir)
@@ -384,7 +427,7 @@ def load_dataset(
     # The lock stops two threads of one process from both materialising the same (large) tensors.
     with _LOAD_LOCK:
         try:
-            return _load_cached(name, root, system_dir)
+            return load(name, root, system_dir)
         except DatasetUnavailableError:
             if not download:
                 raise
@@ -397,9 +440,77 @@ def load_dataset(
                 f"Downloading {name} into {root} failed: {type(exc).__name__}: {exc}. "
                 + _how_to(name, root, system_dir)
             ) from exc
-        return _load_cached(name, root, system_dir)
+        return load(name, root, system_dir)
+
+
+def load_split(
+    name: str,
+    data_dir: str | None = None,
+    train: bool = True,
+    download: bool = False,
+    system_dir: str = FASHION_MNIST_SYSTEM_DIR,
+) -> TensorData:
+    """One split of dataset ``name`` (``train``, else test) as normalised tensors, cached per process: a process
+    holds only the splits it uses (a training worker the train split, the ServerApp the test split).
+
+    Args:
+        name: one of :data:`DATASETS`.
+        data_dir: torchvision root; ``None`` means ``~/.cache/dpfedsam/data``.
+        train: the training split, else the test split.
+        download: let torchvision download the files if they are not present locally. Only consulted when
+            the local load fails, so the cache entry is shared by ``download=True`` and ``False`` calls.
+        system_dir: where the Debian package put the Fashion-MNIST IDX ``.gz`` files.
+
+    Raises:
+        ValueError: unknown dataset name.
+        DatasetUnavailableError: files missing or corrupt (and not downloadable); the message says how
+            to get them.
+    """
+    return _locally_or_downloaded(
+        name, data_dir, download, system_dir, lambda n, r, s: _load_split_cached(n, r, s, train)
+    )
+
+
+def load_labels(
+    name: str,
+    data_dir: str | None = None,
+    train: bool = True,
+    download: bool = False,
+    system_dir: str = FASHION_MNIST_SYSTEM_DIR,
+) -> np.ndarray:
+    """The labels of one split as a read-only int64 array, cached per process, without the images (what the
+    partitioners consume: fl_app/data/partition.py). Arguments and errors as :func:`load_split`."""
+    return _locally_or_downloaded(
+        name, data_dir, download, system_dir, lambda n, r, s: _load_labels_cached(n, r, s, train)
+    )
+
+
+def check_dataset(
+    name: str, data_dir: str | None = None, download: bool = False, system_dir: str = FASHION_MNIST_SYSTEM_DIR
+) -> None:
+    """Raise as :func:`load_split` would for either split (missing or corrupt files, images of the wrong shape or
+    dtype, labels out of range) without keeping anything: the preflight's check, in a process that does not
+    train."""
+
+    def check(n: str, r: str, s: str) -> None:
+        for train in (True, False):
+            _check_split(n, r, s, train)
+
+    _locally_or_downloaded(name, data_dir, download, system_dir, check)
+
+
+def load_dataset(
+    name: str,
+    data_dir: str | None = None,
+    download: bool = False,
+    system_dir: str = FASHION_MNIST_SYSTEM_DIR,
+) -> tuple[TensorData, TensorData]:
+    """Return ``(train, test)`` of dataset ``name``: :func:`load_split` of each (arguments and errors as there)."""
+    train = load_split(name, data_dir, True, download, system_dir)
+    return train, load_split(name, data_dir, False, download, system_dir)
 
 
 def clear_dataset_cache() -> None:
-    """Drop the per-process dataset cache (tests; freeing memory)."""
-    _load_cached.cache_clear()
+    """Drop the per-process dataset caches (tests; freeing memory)."""
+    _load_split_cached.cache_clear()
+    _load_labels_cached.cache_clear()

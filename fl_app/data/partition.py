@@ -26,7 +26,7 @@ from typing import Literal
 
 import numpy as np
 
-from fl_app.data.datasets import labels_of, load_dataset, resolve_data_dir
+from fl_app.data.datasets import load_labels, resolve_data_dir
 
 __all__ = [
     "SCHEMES",
@@ -252,8 +252,7 @@ def partition_indices(
 def _cached_partitions(
     dataset_name: str, data_dir: str, scheme: Scheme, num_clients: int, alpha: float, seed: int, num_samples: int
 ) -> tuple[np.ndarray, ...]:
-    train, _ = load_dataset(dataset_name, data_dir)
-    labels = labels_of(train)
+    labels = load_labels(dataset_name, data_dir)  # the labels alone: no process holds images it does not train on
     parts = partition_indices(scheme, labels[: num_samples or len(labels)], num_clients, alpha, seed)
     for p in parts:
         p.setflags(write=False)  # shared by every caller in the process

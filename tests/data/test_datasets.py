@@ -20,9 +20,12 @@ from fl_app.data.datasets import (
     FASHION_MNIST_SYSTEM_DIR,
     DatasetUnavailableError,
     TensorData,
+    check_dataset,
     clear_dataset_cache,
     labels_of,
     load_dataset,
+    load_labels,
+    load_split,
 )
 
 
@@ -185,6 +188,34 @@ def test_fashion_mnist_corrupt_files(tmp_path: Path) -> None:
     assert not [f for f in os.listdir(data2 / "FashionMNIST" / "raw") if f.endswith(".tmp")]
 
 
+def test_one_split_or_its_labels_alone_are_the_whole_datasets(tmp_path: Path) -> None:
+    arrays = _write_fake_fashion(tmp_path / "system", n_train=12, n_test=5, seed=3)
+    data, system = str(tmp_path / "data"), str(tmp_path / "system")
+    test = load_split("fashion_mnist", data, train=False, system_dir=system)  # decodes, writes the cache
+    labels = load_labels("fashion_mnist", data, system_dir=system)  # read back from the cache
+    assert np.array_equal(labels, arrays["train-labels"].astype(np.int64)) and not labels.flags.writeable
+    assert load_labels("fashion_mnist", data, system_dir=system) is labels  # cached per process
+    train = load_split("fashion_mnist", data, train=True, system_dir=system)
+    both = load_dataset("fashion_mnist", data, system_dir=system)
+    assert both[0] is train and both[1] is test  # one cache per split, shared with load_dataset
+    assert np.array_equal(labels_of(train), labels)
+    torch.testing.assert_close(test.x, _expected_normalised(arrays["t10k-images"][:, None], "fashion_mnist"))
+
+
+def test_check_dataset_raises_what_loading_would_and_keeps_nothing(tmp_path: Path) -> None:
+    system = tmp_path / "system"
+    arrays = _write_fake_fashion(system, n_train=4, n_test=2, seed=1)
+    check_dataset("fashion_mnist", str(tmp_path / "data"), system_dir=str(system))
+    with pytest.raises(DatasetUnavailableError, match="apt-get"):
+        check_dataset("fashion_mnist", str(tmp_path / "empty"), system_dir=str(tmp_path / "nowhere"))
+    # A label out of range in the training split is found without any training process.
+    bad = arrays["train-labels"].copy()
+    bad[0] = 10
+    (system / "train-labels-idx1-ubyte.gz").write_bytes(gzip.compress(_idx_bytes(bad)))
+    with pytest.raises(DatasetUnavailableError, match="labels outside"):
+        check_dataset("fashion_mnist", str(tmp_path / "data_bad"), system_dir=str(system))
+
+
 # ----------------------------------------------------------------------------------------------------
 # EMNIST (byclass) on generated IDX files in torchvision's layout
 
@@ -301,8 +332,10 @@ def test_download_only_after_local_failure(tmp_path: Path, monkeypatch: pytest.M
         load_dataset("cifar10", str(tmp_path))
     assert calls == [False]
     train, test = load_dataset("cifar10", str(tmp_path), download=True)
-    assert calls == [False, False, True, True, False, False]
+    # The train split: local (fails), the download of both splits, local again (decodes both). The test split is
+    # loaded on its own and decoded again: this fake writes no source files for the decoded cache to key on.
+    assert calls == [False, False, True, True, False, False, False, False]
     assert train.x.shape == (4, 3, 32, 32) and test.x.shape == (2, 3, 32, 32)
     # The cache entry is shared by download=True and download=False.
     assert load_dataset("cifar10", str(tmp_path))[0] is train
-    assert len(calls) == 6
+    assert len(calls) == 8

@@ -7,10 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import fl_app.data.partition as partition_mod
-from fl_app.data.datasets import TensorData
 from fl_app.data.partition import (
     SCHEMES,
     PartitionError,
@@ -120,16 +118,14 @@ def test_invalid_arguments() -> None:
 
 @pytest.fixture
 def fake_dataset(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str | None]]]:
-    """Replace load_dataset inside partition.py by a tiny in-memory dataset; records the calls."""
+    """Replace load_labels inside partition.py by a tiny in-memory dataset's labels; records the calls."""
     calls: list[tuple[str, str | None]] = []
-    y = torch.from_numpy(LABELS.copy())
-    train = TensorData(x=torch.zeros(len(LABELS), 1, 2, 2), y=y)
 
-    def fake_load(name: str, data_dir: str | None = None) -> tuple[TensorData, TensorData]:
+    def fake_labels(name: str, data_dir: str | None = None) -> np.ndarray:
         calls.append((name, data_dir))
-        return train, train
+        return LABELS.copy()
 
-    monkeypatch.setattr(partition_mod, "load_dataset", fake_load)
+    monkeypatch.setattr(partition_mod, "load_labels", fake_labels)
     partition_mod._cached_partitions.cache_clear()
     yield calls
     partition_mod._cached_partitions.cache_clear()

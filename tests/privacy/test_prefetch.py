@@ -38,10 +38,12 @@ def test_draws_past_the_prefetched_shapes_continue_the_stream() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
 
 
-def test_a_shape_out_of_order_is_refused() -> None:
-    prefetched = PrefetchedNormals(make_rng(3, 1), [(4, 5), (6,)])
-    with pytest.raises(ValueError, match="prefetched for shape"):
-        prefetched.normal(0.0, 1.0, size=(6,))
+def test_draws_of_other_shapes_take_the_same_stream_in_order() -> None:
+    rng = make_rng(3, 1)
+    expected = [rng.normal(0.0, 0.5, size=shape) for shape in [(6,), (2, 7), (5000,)]]
+    prefetched = PrefetchedNormals(make_rng(3, 1), [(4, 5), (6,)])  # 26 drawn ahead; asked for 6, 14, then 5000
+    got = [prefetched.normal(0.0, 0.5, size=shape) for shape in [(6,), (2, 7), (5000,)]]
+    assert all(a.shape == b.shape and a.tobytes() == b.tobytes() for a, b in zip(got, expected, strict=True))
 
 
 def test_a_failing_source_fails_the_draw_not_silently() -> None:
