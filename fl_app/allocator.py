@@ -1,4 +1,5 @@
-"""Keep the C allocator's freed memory in a training process (glibc's ``mallopt``), so local steps stop page-faulting.
+"""Memory a training process keeps: the C allocator's freed memory (glibc's ``mallopt``), so local steps stop
+page-faulting, and the objects it imported, out of the garbage collector's full passes.
 
 Why: every local step allocates and frees the same activation, gradient and update buffers (from kilobytes to a few
 megabytes each). glibc's malloc serves blocks above its *mmap threshold* with fresh ``mmap``'d pages and hands them
@@ -14,6 +15,12 @@ a dataset's tensors, are still mapped and unmapped on their own) and the trim th
 much freed memory stays in the process beyond what it uses). Setting either also switches off glibc's dynamic
 adjustment. Numbers are unaffected: only where memory comes from changes. A no-op returning False where the C
 library has no ``mallopt`` (macOS, musl); idempotent.
+
+:func:`freeze_imported_objects` moves every object the process holds so far (torch, Flower and the app, imported
+once and kept for the worker's life) into the collector's permanent generation (``gc.freeze``): a full collection
+then walks only what was made since. Measured with ``gc.callbacks`` in the P2 simulation's workers: each worker ran
+two full collections of 0.18-0.24 s in its first round, 0.01-0.03 s with the imports frozen. Garbage that was
+already unreachable when frozen is not freed (import-time leftovers: a one-off, not a per-round cost).
 """
 
 from __future__ import annotations
@@ -21,8 +28,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import gc
 
-__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "keep_freed_memory"]
+__all__ = ["MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "freeze_imported_objects", "keep_freed_memory"]
 
 #: glibc's largest mmap threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX = 4 MiB · sizeof(long)).
 MMAP_THRESHOLD_BYTES = 32 * 2**20
@@ -49,3 +57,10 @@ def keep_freed_memory() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     )
+
+
+@functools.cache
+def freeze_imported_objects() -> int:
+    """``gc.freeze()`` once per process (see the module docstring); the number of objects frozen then."""
+    gc.freeze()
+    return gc.get_freeze_count()
