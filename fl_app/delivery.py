@@ -15,10 +15,10 @@ that found a message, and otherwise waits on a signal raised when the ServerApp 
 the longest wait, so a message stored by any other route is still picked up as before). Nothing else changes: the
 messages, their order per SuperNode, the Ray actors and the replies' path are Flower's. The other way, a reply the
 engine stores sets :data:`strategies.messaging.reply_stored`, so the ServerApp's pull loop takes it at once rather
-than at the end of its interval (~8 ms a round at P2's size). The replacement is made
-only where this project launches the engine itself (the Hydra entry point, fl_app/main.py); ``flwr run`` keeps
-Flower's own extractor. Flower's function is checked by signature first: if a later Flower changes it, the
-original is kept and a warning says so.
+than at the end of its interval (~8 ms a round at P2's size). The replacement is made only where this project
+launches the engine itself (the Hydra entry point, fl_app/main.py); ``flwr run`` keeps Flower's own extractor.
+Flower's function is checked by signature first: if a later Flower changes it, the original is kept and a warning
+says so.
 """
 
 from __future__ import annotations
@@ -50,29 +50,26 @@ class _MessageStore(Protocol):
     def store_message_res(self, message: Any) -> Any: ...
 
 
+def _then_set(store: Callable[[Any], Any], signal: threading.Event) -> Callable[[Any], Any]:
+    """``store``, then ``signal`` set."""
+
+    def store_and_signal(message: Any) -> Any:
+        result = store(message)
+        signal.set()
+        return result
+
+    return store_and_signal
+
+
 def prompt_extractor(
     state: _MessageStore, queue: Queue[Any], nodes_mapping: Mapping[int, Any], f_stop: threading.Event
 ) -> None:
     """Move undelivered messages from ``state`` to ``queue`` until ``f_stop`` is set (see the module docstring)."""
     stored = threading.Event()
-    store = state.store_message_ins
-
-    def store_and_signal(message: Any) -> Any:
-        result = store(message)
-        stored.set()
-        return result
-
-    store_reply = state.store_message_res
-
-    def store_reply_and_signal(message: Any) -> Any:
-        result = store_reply(message)
-        reply_stored.set()
-        return result
-
     # On the instance only: the grid calls state.store_message_ins, so its pushes now wake this thread; the
     # engine's injector calls state.store_message_res, so a reply wakes the ServerApp's pull loop.
-    state.store_message_ins = store_and_signal  # type: ignore[method-assign]
-    state.store_message_res = store_reply_and_signal  # type: ignore[method-assign]
+    state.store_message_ins = _then_set(state.store_message_ins, stored)  # type: ignore[method-assign]
+    state.store_message_res = _then_set(state.store_message_res, reply_stored)  # type: ignore[method-assign]
     try:
         while not f_stop.is_set():
             # Cleared before the pass: a message stored during or after it sets the signal again, so it is

@@ -26,10 +26,10 @@ import shutil
 import tempfile
 import threading
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -369,55 +369,54 @@ def _read_raw(name: str, root: str, system_dir: str, members: tuple[str, ...]) -
     return [decoded[member] for member in members]
 
 
-def _unavailable(name: str, root: str, system_dir: str, exc: BaseException) -> DatasetUnavailableError:
-    return DatasetUnavailableError(
-        f"Could not load {name} from {root}: {type(exc).__name__}: {exc}. " + _how_to(name, root, system_dir)
-    )
+@contextlib.contextmanager
+def _reading(name: str, root: str, system_dir: str) -> Iterator[None]:
+    """Whatever the readers raise on missing or corrupt files (:data:`_LOAD_ERRORS`) as a
+    :class:`DatasetUnavailableError` that says how to get the files."""
+    try:
+        yield
+    except DatasetUnavailableError:  # a RuntimeError, already saying how
+        raise
+    except _LOAD_ERRORS as exc:
+        raise DatasetUnavailableError(
+            f"Could not load {name} from {root}: {type(exc).__name__}: {exc}. " + _how_to(name, root, system_dir)
+        ) from exc
 
 
 @functools.cache  # = lru_cache(maxsize=None); exceptions are never cached
 def _load_split_cached(name: str, root: str, system_dir: str, train: bool) -> TensorData:
     split = _split_name(train)
-    try:
+    with _reading(name, root, system_dir):
         images, labels = _read_raw(name, root, system_dir, (f"{split}_x", f"{split}_y"))
         return _to_tensor_data(images, labels, DATASETS[name])
-    except DatasetUnavailableError:
-        raise
-    except _LOAD_ERRORS as exc:
-        raise _unavailable(name, root, system_dir, exc) from exc
 
 
 @functools.cache
 def _load_labels_cached(name: str, root: str, system_dir: str, train: bool) -> np.ndarray:
-    try:
+    with _reading(name, root, system_dir):
         (labels,) = _read_raw(name, root, system_dir, (f"{_split_name(train)}_y",))
         labels = _checked_labels(labels, DATASETS[name])
-    except DatasetUnavailableError:
-        raise
-    except _LOAD_ERRORS as exc:
-        raise _unavailable(name, root, system_dir, exc) from exc
     labels.setflags(write=False)  # shared by every caller in the process
     return labels
 
 
 def _check_split(name: str, root: str, system_dir: str, train: bool) -> None:
     split = _split_name(train)
-    try:
+    with _reading(name, root, system_dir):
         images, labels = _read_raw(name, root, system_dir, (f"{split}_x", f"{split}_y"))
         x = _checked_images(images, DATASETS[name])
         y = _checked_labels(labels, DATASETS[name])
         if len(x) != len(y):
             raise ValueError(f"{len(x)} {split} images but {len(y)} labels")
-    except DatasetUnavailableError:
-        raise
-    except _LOAD_ERRORS as exc:
-        raise _unavailable(name, root, system_dir, exc) from exc
 
 
 _LOAD_LOCK = threading.Lock()
+_T = TypeVar("_T")
 
 
-def _locally_or_downloaded(name: str, data_dir: str | None, download: bool, system_dir: str, load: Any) -> Any:
+def _locally_or_downloaded(
+    name: str, data_dir: str | None, download: bool, system_dir: str, load: Callable[[str, str, str], _T]
+) -> _T:
     """``load(name, root, system_dir)`` from local files; when that fails and ``download``, after torchvision
     downloaded both splits (once), again."""
     if name not in DATASETS:

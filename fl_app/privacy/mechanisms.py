@@ -117,6 +117,15 @@ def clip_factor(norm: float, clip_norm: float) -> float:
 RECLIP_TOLERANCE = 1e-5
 
 
+def _floating_arrays(update: Sequence[np.ndarray], caller: str) -> NDArrays:
+    """The update's tensors as arrays; TypeError naming ``caller`` for a non-floating one."""
+    arrays = [np.asarray(tensor) for tensor in update]
+    for tensor in arrays:
+        if not np.issubdtype(tensor.dtype, np.floating):
+            raise TypeError(f"{caller} expects floating-point tensors, got dtype {tensor.dtype}")
+    return arrays
+
+
 def reclip(update: Sequence[np.ndarray], bound: float, norm: float | None = None) -> tuple[NDArrays, bool]:
     """The receiver's clip (the server's, or a cohort worker's after a client's recipe): never trust the sender's
     clip, clip to ``bound`` again; (the update within ``bound``, whether the sender had not clipped it to ``bound``).
@@ -126,10 +135,7 @@ def reclip(update: Sequence[np.ndarray], bound: float, norm: float | None = None
     :func:`global_l2_norm` when the caller has just measured it (:func:`measure_update`), so it is not measured
     twice; it must be that function's value for exactly these arrays.
     """
-    arrays = [np.asarray(tensor) for tensor in update]
-    for tensor in arrays:
-        if not np.issubdtype(tensor.dtype, np.floating):
-            raise TypeError(f"reclip expects floating-point tensors, got dtype {tensor.dtype}")
+    arrays = _floating_arrays(update, "reclip")
     if norm is None:
         norm = global_l2_norm(arrays)
     if norm <= bound:  # False for NaN: clip_update below refuses a non-finite update
@@ -151,10 +157,7 @@ def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArray
     the bound can be met in it; when it cannot (float16 coordinates scaled towards a tiny C land on subnormals,
     whose rounding error is absolute, not relative), the whole update is clipped in float64 instead.
     """
-    arrays = [np.asarray(tensor) for tensor in update]
-    for tensor in arrays:
-        if not np.issubdtype(tensor.dtype, np.floating):
-            raise TypeError(f"clip_update expects floating-point tensors, got dtype {tensor.dtype}")
+    arrays = _floating_arrays(update, "clip_update")
     norm = global_l2_norm(arrays)
     if not math.isfinite(norm):
         raise ValueError("cannot clip a non-finite update; reject it before clipping (SPEC §2)")
