@@ -47,14 +47,14 @@ class ServerOptimizer:
 
     def step(self, weights: Sequence[np.ndarray], average: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The new weights after one step along ``average`` (Δ_t); each tensor keeps its dtype."""
-        delta = [np.asarray(a, dtype=np.float64) for a in average]
         self.steps += 1
         if self.name == "sgd":
-            # Exactly the server step of every strategy before server optimizers existed (bit for bit).
-            return [
-                (np.asarray(w).astype(np.float64) + self.lr * d).astype(np.asarray(w).dtype)
-                for w, d in zip(weights, delta, strict=True)
-            ]
+            # Exactly the server step of every strategy before server optimizers existed (bit for bit): w + η·Δ in
+            # float64, rounded to w's dtype. The ufuncs widen their inputs exactly and round as they write, so no
+            # float64 copy of the model is made (and η = 1 multiplies nothing: 1·x = x for every float).
+            moves = average if self.lr == 1.0 else [np.multiply(a, self.lr, dtype=np.float64) for a in average]
+            return [_add_rounded(w, move) for w, move in zip(weights, moves, strict=True)]
+        delta = [np.asarray(a, dtype=np.float64) for a in average]
         if not self._first and not self._second:
             self._first = [np.zeros_like(d) for d in delta]
             self._second = [np.zeros_like(d) for d in delta]
@@ -78,10 +78,7 @@ class ServerOptimizer:
             first = self._first[i] / (1 - beta1**self.steps)
             second = self._second[i] / (1 - beta2**self.steps)
             moves.append(first / (np.sqrt(second) + self.eps))
-        return [
-            (np.asarray(w).astype(np.float64) + self.lr * move).astype(np.asarray(w).dtype)
-            for w, move in zip(weights, moves, strict=True)
-        ]
+        return [_add_rounded(w, self.lr * move) for w, move in zip(weights, moves, strict=True)]
 
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
         """(scalars, arrays) for a checkpoint."""
@@ -94,3 +91,9 @@ class ServerOptimizer:
         self.steps = int(state.get("server_optimizer_steps", 0))
         self._first = [np.asarray(a, dtype=np.float64) for a in arrays.get("server_optimizer_first", [])]
         self._second = [np.asarray(a, dtype=np.float64) for a in arrays.get("server_optimizer_second", [])]
+
+
+def _add_rounded(weights: np.ndarray, move: np.ndarray) -> np.ndarray:
+    """``(weights.astype(float64) + move).astype(weights.dtype)``, computed in float64 and rounded as it is written."""
+    w = np.asarray(weights)
+    return np.add(w, move, out=np.empty(w.shape, w.dtype), dtype=np.float64, casting="unsafe")

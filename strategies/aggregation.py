@@ -1,10 +1,11 @@
 """Steps 5-6 of the round over its replies (strategies/base.py numbers the steps; SPEC §2, §7).
 
-:class:`RoundReplies` takes every reply once: binds it to the message it answers (:meth:`RoundPlan.bind`), screens
-it (strategies/screening.py), has the strategy admit what passed (the round's mask, the server's clip), and counts
-the rest by kind. What it holds is summed in partition order (:meth:`RoundReplies.ordered`, the canaries after every
-real client) so that the same seed gives the same model, whatever order the replies came in; :meth:`statistics` is
-the round record's view of the clients. A per-client reply is a cohort of one: nothing here knows the difference.
+:class:`RoundReplies` takes every reply once, as it arrives: binds it to the message it answers
+(:meth:`RoundPlan.bind`), screens it (strategies/screening.py), has the strategy admit what passed (the round's mask,
+the server's clip), and counts the rest by kind. What it holds is summed in partition order
+(:meth:`RoundReplies.ordered`, the canaries after every real client) so that the same seed gives the same model,
+whatever order the replies came in; :meth:`statistics` is the round record's view of the clients. A per-client reply
+is a cohort of one: nothing here knows the difference.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from fl_app.privacy import mechanisms as mech
 from strategies.rounds import Contribution, RoundPlan
 from strategies.screening import screen
 
-#: The strategy's step 5 for a screened sum of k client updates: (admitted sum, how many it re-clipped).
-Admit = Callable[[RoundPlan, list[np.ndarray], int], tuple[list[np.ndarray], int]]
+#: The strategy's step 5 for a screened sum of k client updates and its measured norm (NaN: not measured):
+#: (admitted sum, how many it re-clipped).
+Admit = Callable[[RoundPlan, list[np.ndarray], int, float], tuple[list[np.ndarray], int]]
 #: Where a rejection is reported: (round, kind, reason).
 RejectionLog = Callable[[int, str, str], None]
 
@@ -30,10 +32,14 @@ REJECTION_KINDS = ("failed", "malformed", "shape", "nonfinite")
 
 
 class RoundReplies:
-    """What one round's replies contributed: the admitted sums, their clients' statistics, the rejection counts."""
+    """What one round's replies contributed: the admitted sums, their clients' statistics, the rejection counts.
 
-    def __init__(self, plan: RoundPlan) -> None:
-        self.plan = plan
+    Replies are taken as they arrive (:meth:`take`, any number of times: the run screens the first cohorts' sums
+    while the last ones still train); nothing depends on their order.
+    """
+
+    def __init__(self, plan: RoundPlan, admit: Admit, reject: RejectionLog) -> None:
+        self.plan, self.admit, self.reject = plan, admit, reject
         self.counts = dict.fromkeys(REJECTION_KINDS, 0)
         self.received = 0
         self.reclipped = 0
@@ -41,34 +47,32 @@ class RoundReplies:
         self.contributions: list[tuple[int, list[np.ndarray], int]] = []
         self.clients: list[tuple[int, dict[str, float]]] = []
 
-    @classmethod
-    def collect(cls, plan: RoundPlan, replies: Iterable[Message], admit: Admit, reject: RejectionLog) -> RoundReplies:
-        """Bind, screen and admit every reply to ``plan``'s messages; count and report (``reject``) the others."""
-        taken = cls(plan)
+    def take(self, replies: Iterable[Message]) -> None:
+        """Bind, screen and admit each reply to the plan's messages; count and report (``reject``) the others."""
+        plan = self.plan
         for reply in replies:
             ids = plan.bind(reply)
             if ids is None:
-                taken.counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
-                reject(plan.server_round, "malformed", "not the first answer to a message of this round from the "
-                       "node it went to")  # fmt: skip
+                self.counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
+                self.reject(plan.server_round, "malformed", "not the first answer to a message of this round from "
+                            "the node it went to")  # fmt: skip
                 continue
-            taken.received += len(ids)
+            self.received += len(ids)
             kind, screened = screen(plan, reply, ids)
             if not isinstance(screened, Contribution):
-                taken.counts[kind] += len(ids)
-                reject(plan.server_round, kind, screened)
+                self.counts[kind] += len(ids)
+                self.reject(plan.server_round, kind, screened)
                 continue
             for rejection, pids in screened.rejections.items():
-                taken.counts[rejection] += len(pids)
-            taken.reclipped += screened.reclipped
+                self.counts[rejection] += len(pids)
+            self.reclipped += screened.reclipped
             if not screened.clients:
                 continue
-            total, server_reclipped = admit(plan, screened.total, len(screened.clients))
-            taken.reclipped += server_reclipped
-            taken.contributions.append((screened.clients[0][0], total, len(screened.clients)))
-            taken.clients.extend(screened.clients)
-        taken.clients.sort(key=lambda item: item[0])  # partition order, whatever order the replies came in
-        return taken
+            total, server_reclipped = self.admit(plan, screened.total, len(screened.clients), screened.norm)
+            self.reclipped += server_reclipped
+            self.contributions.append((screened.clients[0][0], total, len(screened.clients)))
+            self.clients.extend(screened.clients)
+        self.clients.sort(key=lambda item: item[0])  # partition order, whatever order the replies came in
 
     def add_canaries(self, first_id: int, canaries: list[tuple[int, list[np.ndarray]]]) -> None:
         """The audit's admitted canaries, as ids ``first_id + i`` after every real client, adding nothing to the

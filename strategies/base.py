@@ -195,7 +195,7 @@ class FederatedStrategy(Strategy):
         )
         self.population = Population(config.population, self.num_clients)
         self._check_cohort_engine()
-        #: The global model the last planned round started from (cross-round state: Fed-SMP-topk's global mask is
+        #: The global model the last aggregated round started from (cross-round state: Fed-SMP-topk's global mask is
         #: the top-k of the last global update; checkpointed as ``previous_global``).
         self.last_round_global: list[np.ndarray] = []
         # The plan of the round under way when Flower's own loop drives configure_train / aggregate_train.
@@ -417,6 +417,12 @@ class FederatedStrategy(Strategy):
         model and the one the previous round started from ([] before the first)."""
         return None
 
+    @property
+    def uses_previous_global(self) -> bool:
+        """Whether :meth:`round_mask` reads ``previous_global`` (then a checkpoint stores it, for the resumed run's
+        first mask)."""
+        return False
+
     # ----- sampling (SPEC §1) ---------------------------------------------------------------------------------
 
     def round_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
@@ -478,8 +484,7 @@ class FederatedStrategy(Strategy):
         """Step 3 for the sampled partitions ``sampled``: the round's mask, instructions and train messages."""
         config = ConfigRecord() if config is None else config
         global_weights = arrays.to_numpy_ndarrays()
-        previous, self.last_round_global = self.last_round_global, global_weights
-        mask = self.round_mask(server_round, global_weights, previous)
+        mask = self.round_mask(server_round, global_weights, self.last_round_global)
         instructions = self.train_instructions(server_round)
         cohorts = self.plan_cohorts(sampled)
         groups = cohorts if cohorts is not None else [[pid] for pid in sampled]
@@ -566,7 +571,20 @@ class FederatedStrategy(Strategy):
 
     def aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> RoundOutcome:
         """Steps 5-6 over the replies to ``plan``'s messages: bind, screen, admit, sum, noise, the server step."""
-        taken = RoundReplies.collect(plan, replies, self.admit, self._log_rejection)
+        taken = self.receiver(plan)
+        taken.take(replies)
+        return self.aggregate_taken(taken)
+
+    def receiver(self, plan: RoundPlan) -> RoundReplies:
+        """Step 5 for ``plan``'s replies, fed as they arrive (:meth:`RoundReplies.take`: bind, screen, admit);
+        :meth:`aggregate_taken` then finishes the round."""
+        return RoundReplies(plan, self.admit, self._log_rejection)
+
+    def aggregate_taken(self, taken: RoundReplies) -> RoundOutcome:
+        """Step 6 over what :meth:`receiver` took: the canaries, the sum over m, noise, the server step."""
+        plan = taken.plan
+        # Planning changes nothing on the strategy; the round's end does (the next round's previous global).
+        self.last_round_global = plan.global_weights
         taken.add_canaries(self.num_clients, self.canary_updates(plan))
         updates, num_clients = taken.ordered()
         average = self.combine(plan, updates, num_clients)
@@ -580,17 +598,21 @@ class FederatedStrategy(Strategy):
             stats.update(self.clipping.after_round(taken.norms, self.expected_clients, rng))
         return RoundOutcome(new_weights=new_weights, stats=stats)
 
-    def admit(self, plan: RoundPlan, total: list[np.ndarray], clients: int = 1) -> tuple[list[np.ndarray], int]:
+    def admit(
+        self, plan: RoundPlan, total: list[np.ndarray], clients: int = 1, norm: float = math.nan
+    ) -> tuple[list[np.ndarray], int]:
         """Step 5 for a screened sum of ``clients`` updates: the round's mask, the server's clip to clients·C;
-        (sum, clients if it had to be re-clipped else 0)."""
+        (sum, clients if it had to be re-clipped else 0). ``norm`` is the sum's global L2 norm as the screening
+        measured it (NaN: measured here)."""
         if plan.mask is not None:
             # The round's mask is public; whatever a client sent outside it is dropped.
             total = mech.apply_mask(total, plan.mask)
+            norm = math.nan  # the masked sum is another vector
         if not self.server_clips:
             return total, 0
         # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply. A cohort's worker
         # re-clipped each client to C, so a sum of k such updates is within k·C.
-        total, was_reclipped = mech.reclip(total, clients * self.clip_norm)
+        total, was_reclipped = mech.reclip(total, clients * self.clip_norm, norm=None if math.isnan(norm) else norm)
         return total, clients * int(was_reclipped)
 
     def canary_updates(self, plan: RoundPlan) -> list[tuple[int, list[np.ndarray]]]:
@@ -706,12 +728,16 @@ class FederatedStrategy(Strategy):
     # ----- checkpoint state ---------------------------------------------------------------------------------
 
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
-        """What a resumed run needs beyond the global model: the accountant, the previous global model and the
-        canaries' scored statistics."""
+        """What a resumed run needs beyond the global model: the accountant, the server optimizer's state, the
+        previous global model where the round mask needs it (:attr:`uses_previous_global`) and the canaries' scored
+        statistics. The arrays are snapshots the strategy never changes in place afterwards (a checkpoint is written
+        from them while the next round runs: strategies/observers.py)."""
         ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
         state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self.releases.logged}
-        arrays = {"previous_global": list(self.last_round_global), **optimizer_arrays}
+        arrays = dict(optimizer_arrays)
+        if self.uses_previous_global:  # a second copy of the model in every checkpoint, only where a mask needs it
+            arrays["previous_global"] = list(self.last_round_global)
         if self.auditor is not None:
             audit_state, audit_arrays = self.auditor.canaries.state()
             state.update(audit_state)

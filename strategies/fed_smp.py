@@ -64,5 +64,9 @@ class FedSMPTopK(FederatedStrategy):
         last_update = [w - v for w, v in zip(global_weights, previous_global, strict=True)]
         return mech.topk_mask(last_update, p)
 
+    @property
+    def uses_previous_global(self) -> bool:
+        return not self._local
+
     def not_covered_reason(self) -> str | None:
         return "data-dependent top-k support" if self._local else None

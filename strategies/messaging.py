@@ -45,23 +45,28 @@ def send_and_receive(
     grid: Grid,
     messages: Iterable[Message],
     timeout: float | None,
-    on_first_reply: Callable[[], None] | None = None,
+    on_arrival: Callable[[list[Message], int], None] | None = None,
+    on_pushed: Callable[[], None] | None = None,
 ) -> list[Message]:
     """Push ``messages`` and pull their replies until all have come back or ``timeout`` seconds have passed
     (``None``: no limit), as :meth:`flwr.serverapp.Grid.send_and_receive` does, pulling at :func:`pull_interval`.
-    ``on_first_reply`` is called once, right after the pull that brought the first reply (work the server can
-    start before the last one is in)."""
+    ``on_arrival(replies, still_pending)`` is called right after each pull that brought replies, with those replies
+    and how many messages are still unanswered: the server's work on the first replies runs while the last ones
+    are still being computed. ``on_pushed()`` is called once the messages are out, before the first pull (the
+    server's own work that need not hold the clients up)."""
     pending = set(grid.push_messages(messages))
     start = time.monotonic()
+    if on_pushed is not None:
+        on_pushed()
     replies: list[Message] = []
     while pending:
         # Cleared before the pull: a reply stored during or after it sets the signal again, so it never waits.
         reply_stored.clear()
         arrived = list(grid.pull_messages(pending))
-        if arrived and not replies and on_first_reply is not None:
-            on_first_reply()
         replies.extend(arrived)
         pending.difference_update(reply.metadata.reply_to_message_id for reply in arrived)
+        if arrived and on_arrival is not None:
+            on_arrival(arrived, len(pending))
         elapsed = time.monotonic() - start
         if not pending or (timeout is not None and elapsed >= timeout):
             break

@@ -2,9 +2,11 @@
 
 An observer gets each completed round's outcome and published record after the round's model was released and
 accounted (the release log and the ledger are part of the round itself: they must come before the model can leave
-the server). The strategy builds the two it needs from its constructor arguments — :class:`MetricsLog` for
-``metrics=``, :class:`Checkpointer` for ``checkpoint_dir=`` — and runs any others a user passes as ``observers=``,
-in that order.
+the server). The run calls the observers of a round once the next round's messages are out (after the last round,
+at once), so that their work — the checkpoint's write, above all — overlaps the clients' training instead of holding
+them up; nothing on the strategy changes in between (planning a round changes nothing on it). The strategy builds
+the two it needs from its constructor arguments — :class:`MetricsLog` for ``metrics=``, :class:`Checkpointer` for
+``checkpoint_dir=`` — and runs any others a user passes as ``observers=``, in that order.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ reply, and what aggregation produced."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,12 +100,14 @@ def train_messages(
 class Contribution:
     """A screened reply: the sum of its accepted clients' updates (one client's update, or a cohort's sum), those
     clients with their reported statistics, the partitions it says failed or were rejected (by kind), and how many
-    its worker re-clipped. A per-client reply is a cohort of one."""
+    its worker re-clipped. A per-client reply is a cohort of one. ``norm`` is the screening's
+    :func:`~fl_app.privacy.mechanisms.global_l2_norm` of ``total`` (NaN: not measured), for the server's re-clip."""
 
     total: list[np.ndarray]
     clients: list[tuple[int, dict[str, float]]]
     rejections: dict[str, list[int]] = field(default_factory=dict)
     reclipped: int = 0
+    norm: float = math.nan
 
 
 @dataclass

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import math
 import time
-from functools import partial
 from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fl_app.metrics import OPERATOR_FILE
+from strategies.aggregation import RoundReplies
 from strategies.auditing import CanaryAuditor
 from strategies.messaging import send_and_receive
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
@@ -73,61 +73,121 @@ def run_rounds(
     # own evaluation), so that the workers' start-up and first round do not wait for it: the same model and test
     # set, so the same result.
     initial_pending = evaluate_fn is not None and strategy.resume_from is None
-    for server_round in range(first_round, num_rounds + 1):
-        # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
-        repeat = strategy.releases.repeats(server_round)
-        if not repeat and (reason := _over_budget(strategy, server_round)) is not None:
-            strategy.stop_reason = reason
-            log(WARNING, "Stopping before round %d: %s", server_round, reason)
-            break
-        t0 = time.perf_counter()
-        plan = strategy.plan_round(server_round, arrays, train_config)
-        # The server's noise is drawn while the last cohorts finish (fl_app/privacy/prefetch.py).
-        ahead = partial(strategy.draw_noise_ahead, plan)
-        replies = send_and_receive(grid, plan.messages, timeout, on_first_reply=ahead)
-        t_replies = time.perf_counter()
-        outcome = strategy.aggregate(plan, replies)
-        t_aggregated = time.perf_counter()
-        if strategy.auditor is not None:
-            strategy.auditor.round_released(server_round, plan.global_weights, outcome.new_weights)
-        if strategy.private:
-            strategy.releases.record(strategy.release(server_round, outcome.new_weights))
-        arrays = result.arrays = ArrayRecord(outcome.new_weights)
-        if not repeat:
-            strategy.account_round()
-            strategy.rounds_released += int(strategy.private)
-        if strategy.on_accounted is not None:
-            strategy.on_accounted(strategy)
-        if initial_pending:
-            _evaluate_initial(evaluate_fn, initial_arrays, result)
-            initial_pending = False
-        record = _round_record(strategy, server_round, outcome)
-        if strategy.auditor is not None and strategy.auditor.due(server_round, num_rounds):
-            record.update(strategy.evaluate_audit(server_round))
-        evaluated = None
-        if evaluate_fn is not None and (server_round % strategy.config.eval_every == 0 or server_round == num_rounds):
-            evaluated = evaluate_fn(server_round, arrays)
-        if evaluated is not None:
-            result.evaluate_metrics_serverapp[server_round] = evaluated
-            record.update({k: v for k, v in evaluated.items() if k not in record})
-        record.setdefault("test_loss", math.nan)
-        record.setdefault("test_accuracy", math.nan)
-        record["wall_time_s"] = time.perf_counter() - t0
-        # Where the round's time went: sending + client training + receiving, then the server's aggregation.
-        record["clients_phase_s"] = t_replies - t0
-        record["aggregate_s"] = t_aggregated - t_replies
-        record["finished_unix"] = time.time()
-        # Flower's train_metrics_clientapp: the clients' aggregated metrics, as far as they are published.
-        client_metrics = {k: record[k] for k in ("train_loss", "train_accuracy") if k in record}
-        if client_metrics:
-            result.train_metrics_clientapp[server_round] = MetricRecord(client_metrics)
-        strategy.rounds_completed += 1
-        for observer in observers:
-            observer.round_completed(strategy, server_round, outcome, record)
+    # A round's observers run once the next round's messages are out (after the last round: at once), while its
+    # clients train: the checkpoint's write and the metrics line are off the path from one round's replies to the
+    # next round's start, and the checkpoint still follows the release within milliseconds (a crash in between
+    # re-runs the round: with CSPRNG noise a new release). Nothing they read changes in between: planning a round
+    # changes nothing on the strategy.
+    completed = _CompletedRounds(strategy, observers)
+    try:
+        for server_round in range(first_round, num_rounds + 1):
+            # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
+            repeat = strategy.releases.repeats(server_round)
+            if not repeat and (reason := _over_budget(strategy, server_round)) is not None:
+                strategy.stop_reason = reason
+                log(WARNING, "Stopping before round %d: %s", server_round, reason)
+                break
+            t0 = time.perf_counter()
+            plan = strategy.plan_round(server_round, arrays, train_config)
+            taken = strategy.receiver(plan)
+            early = _EarlyReplies(strategy, taken)
+            # The previous round's observers run as soon as this round's messages are out.
+            replies = send_and_receive(
+                grid, plan.messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush
+            )
+            t_replies = time.perf_counter()
+            taken.take(replies[early.count :])
+            outcome = strategy.aggregate_taken(taken)
+            t_aggregated = time.perf_counter()
+            if strategy.auditor is not None:
+                strategy.auditor.round_released(server_round, plan.global_weights, outcome.new_weights)
+            if strategy.private:
+                strategy.releases.record(strategy.release(server_round, outcome.new_weights))
+            arrays = result.arrays = ArrayRecord(outcome.new_weights)
+            if not repeat:
+                strategy.account_round()
+                strategy.rounds_released += int(strategy.private)
+            if strategy.on_accounted is not None:
+                strategy.on_accounted(strategy)
+            if initial_pending:
+                _evaluate_initial(evaluate_fn, initial_arrays, result)
+                initial_pending = False
+            record = _evaluated_record(strategy, server_round, num_rounds, outcome, evaluate_fn, result)
+            record["wall_time_s"] = time.perf_counter() - t0
+            # Where the round's time went: sending + client training + receiving, then the server's aggregation.
+            record["clients_phase_s"] = t_replies - t0
+            record["aggregate_s"] = t_aggregated - t_replies
+            record["finished_unix"] = time.time()
+            strategy.rounds_completed += 1
+            completed.add(server_round, outcome, record)
+    finally:
+        completed.flush()
     if initial_pending:  # no round ran (the budget guard stopped the first)
         _evaluate_initial(evaluate_fn, initial_arrays, result)
     strategy.finish_audit(strategy.checkpoint_dir, num_rounds)
     return result
+
+
+def _evaluated_record(
+    strategy: FederatedStrategy,
+    server_round: int,
+    num_rounds: int,
+    outcome: RoundOutcome,
+    evaluate_fn: EvaluateFn | None,
+    result: Result,
+) -> dict[str, Any]:
+    """Step 8: the round's published record with the audit's and the evaluation's results when due; ``result``'s
+    metrics (Flower's ``evaluate_metrics_serverapp`` and ``train_metrics_clientapp``) for the round."""
+    record = _round_record(strategy, server_round, outcome)
+    if strategy.auditor is not None and strategy.auditor.due(server_round, num_rounds):
+        record.update(strategy.evaluate_audit(server_round))
+    evaluated = None
+    if evaluate_fn is not None and (server_round % strategy.config.eval_every == 0 or server_round == num_rounds):
+        evaluated = evaluate_fn(server_round, result.arrays)
+    if evaluated is not None:
+        result.evaluate_metrics_serverapp[server_round] = evaluated
+        record.update({k: v for k, v in evaluated.items() if k not in record})
+    record.setdefault("test_loss", math.nan)
+    record.setdefault("test_accuracy", math.nan)
+    # Flower's train_metrics_clientapp: the clients' aggregated metrics, as far as they are published.
+    client_metrics = {k: record[k] for k in ("train_loss", "train_accuracy") if k in record}
+    if client_metrics:
+        result.train_metrics_clientapp[server_round] = MetricRecord(client_metrics)
+    return record
+
+
+class _CompletedRounds:
+    """Completed rounds whose observers have yet to run (the last one, until :meth:`flush`)."""
+
+    def __init__(self, strategy: FederatedStrategy, observers: list[RoundObserver]) -> None:
+        self.strategy, self.observers = strategy, observers
+        self.pending: list[tuple[int, RoundOutcome, dict[str, Any]]] = []
+
+    def add(self, server_round: int, outcome: RoundOutcome, record: dict[str, Any]) -> None:
+        self.pending.append((server_round, outcome, record))
+
+    def flush(self) -> None:
+        """Run the observers of every pending round, in round order."""
+        pending, self.pending = self.pending, []
+        for server_round, outcome, record in pending:
+            for observer in self.observers:
+                observer.round_completed(self.strategy, server_round, outcome, record)
+
+
+class _EarlyReplies:
+    """The server's work before a round's last reply is in, on the core the first cohorts to finish left idle: at
+    the first reply the noise starts drawing on a thread (fl_app/privacy/prefetch.py), and every reply that arrives
+    while others are outstanding is screened and admitted then. (``send_and_receive`` returns the replies in the
+    order they arrived, so the rest are the ones after the first ``count``.)"""
+
+    def __init__(self, strategy: FederatedStrategy, taken: RoundReplies) -> None:
+        self.strategy, self.taken, self.count = strategy, taken, 0
+
+    def arrived(self, replies: list[Message], still_pending: int) -> None:
+        self.strategy.draw_noise_ahead(self.taken.plan)
+        if still_pending:
+            self.taken.take(replies)
+            self.count += len(replies)
 
 
 def _evaluate_initial(evaluate_fn: EvaluateFn | None, initial_arrays: ArrayRecord, result: Result) -> None:

@@ -33,7 +33,8 @@ def screen(plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contri
     aligned = all(len(v) == len(accepted_ids) for v in stats.values())
     if sorted(claimed) != sorted(float(pid) for pid in ids) or not aligned:
         return "malformed", f"cohort reply does not account for exactly its partitions {ids[:5]}..."
-    if (kind := mech.screen_update(total, plan.shapes)) is not None:
+    kind, norm = mech.measure_update(total, plan.shapes)
+    if kind is not None:
         return kind, f"cohort {ids[:5]}... sent a sum with {kind} values"
     if not all(math.isfinite(v) for v in stats["pre_clip_norm"]) or min(stats["pre_clip_norm"], default=0.0) < 0:
         return "malformed", "cohort reply has non-finite or negative pre_clip_norm"
@@ -45,4 +46,6 @@ def screen(plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contri
         for i, pid in enumerate(accepted_ids)
     ]
     rejections = {kind: [int(v) for v in value] for kind, value in rejected.items()}
-    return "ok", Contribution(total=total, clients=clients, rejections=rejections, reclipped=int(worker_reclipped))
+    return "ok", Contribution(
+        total=total, clients=clients, rejections=rejections, reclipped=int(worker_reclipped), norm=norm
+    )

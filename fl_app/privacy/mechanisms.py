@@ -85,9 +85,10 @@ def global_l2_norm(update: Sequence[np.ndarray]) -> float:
     total = 0.0
     for tensor in update:
         flat = np.asarray(tensor).ravel()
-        # Converted block by block: a float64 copy of a whole model is a fresh multi-MB allocation per call.
+        # Converted block by block: a float64 copy of a whole model is a fresh multi-MB allocation per call (and a
+        # float64 tensor, such as a cohort's sum, is read where it lies: the same values, so the same norm).
         for start in range(0, flat.size, _NORM_BLOCK):
-            block = flat[start : start + _NORM_BLOCK].astype(np.float64)
+            block = flat[start : start + _NORM_BLOCK].astype(np.float64, copy=False)
             total += float(np.dot(block, block))
     return math.sqrt(total)
 
@@ -237,8 +238,17 @@ def add_gaussian_noise(update: Sequence[np.ndarray], std: float, rng: NormalSour
     arrays = [np.asarray(tensor) for tensor in update]
     if std == 0:
         return [tensor.copy() for tensor in arrays]
+    # Added in float64 (the ufunc widens the tensor exactly) and rounded to the tensor's dtype as each value is
+    # written: the values of (tensor.astype(float64) + noise).astype(dtype), with no float64 copy of the tensor.
     return [
-        (tensor.astype(np.float64) + rng.normal(0.0, std, size=tensor.shape)).astype(tensor.dtype) for tensor in arrays
+        np.add(
+            tensor,
+            rng.normal(0.0, std, size=tensor.shape),
+            out=np.empty(tensor.shape, tensor.dtype),
+            dtype=np.float64,
+            casting="unsafe",
+        )
+        for tensor in arrays
     ]
 
 
@@ -441,7 +451,12 @@ def uniform_average(
     """
     if denominator <= 0 or not math.isfinite(denominator):
         raise ValueError(f"denominator must be a positive finite number, got {denominator}")
-    return [(total / denominator).astype(np.float32) for total in uniform_sum(updates, shapes)]
+    # Divided in float64 and rounded to float32 as each value is written (the ufunc's output cast): the values of
+    # (total / m).astype(float32), without a float64 quotient of the whole model in between.
+    return [
+        np.divide(total, denominator, out=np.empty(total.shape, np.float32), casting="unsafe")
+        for total in uniform_sum(updates, shapes)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -63,4 +63,8 @@ class PrefetchedNormals:
         self._used += len(ahead)
         if len(ahead) < wanted:  # past the prefetched run: the stream goes on
             ahead = np.concatenate([ahead, self._source.normal(0.0, 1.0, (wanted - len(ahead),))])
-        return loc + scale * ahead.reshape(size)
+        # loc + scale·z in place: the run is this round's own and each value is handed out once.
+        result = ahead.reshape(size)
+        np.multiply(result, scale, out=result)
+        np.add(result, loc, out=result)
+        return result

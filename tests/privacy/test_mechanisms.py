@@ -275,6 +275,38 @@ def test_add_noise_preserves_dtype_and_input_and_zero_std_copies() -> None:
     assert all(np.array_equal(a, b) and a is not b for a, b in zip(copies, update, strict=True))
 
 
+#: Values where another rounding or order of operations would show: signed zeros, subnormals, overflow, NaN, ±inf.
+SPECIALS = [0.0, -0.0, 1e-45, -1e-45, 5e-324, 3.4e38, -3.4e38, 1e300, np.nan, np.inf, -np.inf]
+
+
+def _with_specials(tensor: np.ndarray) -> np.ndarray:
+    out = tensor.copy()
+    with np.errstate(over="ignore", under="ignore"):
+        specials = np.array(SPECIALS, dtype=np.float64).astype(out.dtype)
+    count = min(out.size, specials.size)
+    out.ravel()[:count] = specials[:count]
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_noise_is_added_in_float64_and_rounded_once_bit_for_bit(dtype) -> None:
+    update = [_with_specials(t.astype(dtype)) for t in _random_update(np.random.default_rng(3), scale=1e-3)]
+    noisy = add_gaussian_noise(update, 0.25, make_rng(7, 1))
+    rng = make_rng(7, 1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        former = [(t.astype(np.float64) + rng.normal(0.0, 0.25, size=t.shape)).astype(t.dtype) for t in update]
+    assert all(a.dtype == dtype and a.tobytes() == b.tobytes() for a, b in zip(noisy, former, strict=True))
+
+
+def test_uniform_average_rounds_the_float64_quotient_once_bit_for_bit() -> None:
+    rng = np.random.default_rng(4)
+    updates = [[_with_specials(t) for t in _random_update(rng, scale=10.0**-k)] for k in range(4)]
+    with np.errstate(over="ignore", invalid="ignore"):
+        average = uniform_average(updates, 2.5, SHAPES)
+        former = [(total / 2.5).astype(np.float32) for total in uniform_sum(updates, SHAPES)]
+    assert all(a.dtype == np.float32 and a.tobytes() == b.tobytes() for a, b in zip(average, former, strict=True))
+
+
 def test_make_rng_does_not_touch_global_state_and_rejects_negative_keys() -> None:
     np.random.seed(123)
     expected = np.random.random()

@@ -242,12 +242,15 @@ def test_fed_smp_topk_global_is_covered_and_masks_with_last_rounds_global_update
 
     # Round 1: no previous global update yet, a public random-k mask.
     w1 = random_update(SHAPES, 1.0, seed=0)
-    first = message_masks(configure(strategy, 1, w1).messages)
+    first_plan = configure(strategy, 1, w1)
+    first = message_masks(first_plan.messages)
     assert [int(m.sum()) for m in first[0]] == K_EXPECTED
     for mask in first:
         assert_masks_equal(mask, first[0])
     assert not all(np.array_equal(m, topk_positions(w)) for m, w in zip(first[0], w1, strict=True))
 
+    # Round 1 ends (planning alone records nothing on the strategy: the round's end makes w_1 the previous global).
+    strategy.aggregate(first_plan, [])
     # Round 2: the per-layer top-k of |w_2 − w_1|, the same for every client.
     w2 = [w + u for w, u in zip(w1, random_update(SHAPES, 0.01, seed=1), strict=True)]
     second_plan = configure(strategy, 2, w2)

@@ -613,6 +613,34 @@ def test_resume_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path, name):
     assert sorted(result.train_metrics_clientapp) == [3, 4]  # only the missing rounds ran
 
 
+@pytest.mark.parametrize(
+    ("overrides", "keeps_previous"),
+    [
+        (("strategy=dp_fedavg",), False),
+        (("strategy=fed_smp_topk", "strategy.mask_source=global"), True),
+        (("strategy=fed_smp_topk", "strategy.mask_source=local"), False),
+    ],
+)
+def test_planning_changes_nothing_and_only_a_mask_that_needs_it_checkpoints_the_previous_global(
+    overrides, keeps_previous
+):
+    strategy = build(*overrides, *SMALL_POP, "privacy.sampling=fixed")
+    strategy.population.connect(FakeGrid(), timeout=1)
+    weights = [ArrayRecord(random_update(SMALL_SHAPES, 0.1, seed=s)) for s in range(3)]
+    plan = strategy.plan_round(1, weights[0], ConfigRecord())
+    strategy.aggregate(plan, [])  # the round's end: w_1 becomes the previous global
+    before = strategy.state()
+    strategy.plan_round(2, weights[1], ConfigRecord())  # the checkpoint of round 1 may be written after this
+    after = strategy.state()
+    assert before[0] == after[0] and before[1].keys() == after[1].keys()
+    for name, arrays in before[1].items():
+        assert all(np.array_equal(a, b) for a, b in zip(arrays, after[1][name], strict=True))
+    assert ("previous_global" in after[1]) is keeps_previous
+    if keeps_previous:
+        previous = zip(after[1]["previous_global"], weights[0].to_numpy_ndarrays(), strict=True)
+        assert all(np.array_equal(a, b) for a, b in previous)
+
+
 def test_round_zero_checkpoint_is_written_before_the_first_round(tmp_path):
     from fl_app.checkpoint import load_checkpoint
 

@@ -150,10 +150,15 @@ def test_a_signalled_reply_is_pulled_at_once_not_at_the_end_of_the_interval(monk
     assert time.monotonic() - started < 2.0 and grid.pulls == 2  # the first pull, then the one the signal woke
 
 
-def test_on_first_reply_runs_once_right_after_the_first_reply_is_pulled(clock: Clock) -> None:
+def test_on_arrival_gets_each_pull_s_replies_right_after_it_with_the_count_still_pending(clock: Clock) -> None:
     grid = TimedGrid(clock, [0.30, 0.90, 0.30])
-    calls: list[float] = []
-    replies = send_and_receive(grid, _messages(3), timeout=600.0, on_first_reply=lambda: calls.append(clock.now))
-    assert len(replies) == 3 and len(calls) == 1  # once, although two replies came in the same pull
+    calls: list[tuple[float, int, int]] = []
+    replies = send_and_receive(
+        grid, _messages(3), timeout=600.0, on_arrival=lambda got, left: calls.append((clock.now, len(got), left))
+    )
+    assert len(replies) == 3
+    # Two replies came in the same pull, then the last: one call each, with what is still outstanding.
+    assert [(n, left) for _, n, left in calls] == [(2, 1), (1, 0)]
     # Within one interval of the first replies, long before the last one.
-    assert 0.30 <= calls[0] <= 0.30 * (1 + messaging.INTERVAL_SHARE) + MIN_INTERVAL_S
+    assert 0.30 <= calls[0][0] <= 0.30 * (1 + messaging.INTERVAL_SHARE) + MIN_INTERVAL_S
+    assert calls[1][0] >= 0.90
