@@ -18,6 +18,7 @@ the command's start to its first local step.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -103,7 +104,7 @@ def compute_limit(overrides: list[str], cores: int, steps: int = 60) -> dict[str
 _RAY_FLOOR_CODE = r"""
 import json, sys, time
 start = float(sys.argv[1])
-import ray
+import psutil, ray
 ray.init(**json.loads(sys.argv[2]))
 initialised = time.time()
 @ray.remote(num_cpus=1)
@@ -113,7 +114,14 @@ class Worker:
         return time.time()
 workers = [Worker.remote() for _ in range(int(sys.argv[3]))]
 ready = ray.get([w.ready.remote() for w in workers])
-print(json.dumps({"ray_init_s": initialised - start, "workers_ready_s": max(ready) - start}))
+cpu = 0.0
+for proc in [psutil.Process()] + psutil.Process().children(recursive=True):  # Ray's daemons and workers
+    try:
+        t = proc.cpu_times()
+        cpu += t.user + t.system + t.children_user + t.children_system
+    except psutil.Error:
+        pass
+print(json.dumps({"ray_init_s": initialised - start, "workers_ready_s": max(ready) - start, "cpu_s": cpu}))
 ray.shutdown()
 """
 
@@ -121,7 +129,8 @@ ray.shutdown()
 def ray_engine_floor(overrides: list[str], workers: int, tmp: Path) -> dict[str, float]:
     """Seconds from a command's start to ``ray.init`` returning and to ``workers`` Ray actors that have imported
     torch and flwr (with the app's ``ray.init`` arguments, :func:`fl_app.main.backend_config`): the least any
-    app on Flower's Ray engine takes to its first local step, before its own imports, config and data."""
+    app on Flower's Ray engine takes to its first local step, before its own imports, config and data; and the CPU
+    seconds its processes used by then (``cpu_s``)."""
     from fl_app.main import backend_config
 
     init_args = backend_config(compose_config(overrides))["init_args"]
@@ -159,9 +168,10 @@ def _steady(values: list[float], num_rounds: int) -> list[float]:
 
 def _run_monitored(
     cmd: list[str], env: dict[str, str], log: Path, marker: str, timeout: float
-) -> tuple[float, int, dict[str, float]]:
-    """Run ``cmd``; returns (command start Unix time, peak RSS summed over every process it started in bytes, and
-    at that peak the MiB of each kind of process: driver, each Ray daemon, workers)."""
+) -> tuple[float, PeakRSSMonitor]:
+    """Run ``cmd``; returns (command start Unix time, the monitor of every process it started: peak RSS summed over
+    them, at that peak the MiB of each kind of process — driver, each Ray daemon, workers — and their CPU seconds
+    over time)."""
     start = time.time()
     with log.open("wb") as fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
@@ -174,7 +184,7 @@ def _run_monitored(
             kill_processes_mentioning(marker)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}); see {log}")
-    return start, monitor.peak, monitor.peak_by_kind
+    return start, monitor
 
 
 def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) -> dict[str, Any]:
@@ -186,17 +196,19 @@ def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) 
         sys.executable, "-m", "fl_app.main", *overrides, f"num_rounds={num_rounds}",
         f"output_dir={out}", f"hydra.run.dir={out}/hydra",
     ]  # fmt: skip
-    start, peak, by_kind = _run_monitored(cmd, env, tmp / f"{label}.log", env["RAY_TMPDIR"], 3600)
+    start, monitor = _run_monitored(cmd, env, tmp / f"{label}.log", env["RAY_TMPDIR"], 3600)
     records = read_metrics(out / "metrics.jsonl")
+    first_step = records[0]["first_train_started_unix"]
     stamps = {r["round"]: r["finished_unix"] for r in records}
     rounds = [stamps[t] - stamps[t - 1] for t in range(2, num_rounds + 1)]
     steady = _steady([stamps[1] - start, *rounds], num_rounds)
     return {
         "round_s": statistics.median(steady),
         "round_s_each": steady,
-        "startup_s": records[0]["first_train_started_unix"] - start,
-        "peak_rss_mib": peak / 2**20,
-        "peak_rss_by_kind_mib": by_kind,
+        "startup_s": first_step - start,
+        "startup_cpu_s": monitor.cpu_seconds_at(first_step),
+        "peak_rss_mib": monitor.peak / 2**20,
+        "peak_rss_by_kind_mib": monitor.peak_by_kind,
         "model_file": str(out / "final_model.npz"),
     }
 
@@ -211,7 +223,7 @@ def pfl_contender(
     spec = write_replay(compose_config([*overrides, f"num_rounds={num_rounds}"]), num_rounds, replay)
     result = tmp / f"pfl_{label}.json"
     env = {**pfl_env(1, device), "PEER_RUN_MARKER": str(replay)}
-    start, peak, by_kind = _run_monitored(
+    start, monitor = _run_monitored(
         pfl_command(python, procs, replay, result), env, tmp / f"pfl_{label}.log", str(replay), 3600
     )
     summary = json.loads(result.read_text())
@@ -220,8 +232,9 @@ def pfl_contender(
         "round_s": statistics.median(steady),
         "round_s_each": steady,
         "startup_s": summary["first_step_unix"] - start,
-        "peak_rss_mib": peak / 2**20,
-        "peak_rss_by_kind_mib": by_kind,
+        "startup_cpu_s": monitor.cpu_seconds_at(summary["first_step_unix"]),
+        "peak_rss_mib": monitor.peak / 2**20,
+        "peak_rss_by_kind_mib": monitor.peak_by_kind,
         "procs": procs,
         "device": summary["device"],
         "model_file": summary["weights_file"],
@@ -262,9 +275,9 @@ def gpu_peer(overrides: list[str], num_rounds: int, tmp: Path, python: str) -> d
 
 
 def pooled(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Repeated runs of one contender as one: s/round the median over every steady round of every run, startup the
-    median of the runs', peak RSS the largest run's (with its breakdown by kind); each run's figures under
-    ``runs``. None when no run succeeded."""
+    """Repeated runs of one contender as one: s/round the median over every steady round of every run, startup
+    (and the CPU seconds used by then) the median of the runs', peak RSS the largest run's (with its breakdown by
+    kind); each run's figures under ``runs``. None when no run succeeded."""
     if not runs:
         return None
     peak = max(runs, key=lambda run: run["peak_rss_mib"])
@@ -274,6 +287,7 @@ def pooled(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
         "round_s": statistics.median(every_round),
         "round_s_each": every_round,
         "startup_s": statistics.median(run["startup_s"] for run in runs),
+        "startup_cpu_s": statistics.median(run.get("startup_cpu_s", math.nan) for run in runs),
         "peak_rss_mib": peak["peak_rss_mib"],
         "peak_rss_by_kind_mib": peak["peak_rss_by_kind_mib"],
         "runs": [{k: run[k] for k in ("round_s", "startup_s", "peak_rss_mib")} for run in runs],

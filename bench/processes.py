@@ -9,6 +9,7 @@ is shared with (or leaked into) other runs on the machine.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -17,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -151,11 +152,23 @@ def tree_rss(root_pid: int, marker: str | None = None) -> int:
     return total
 
 
+def cpu_seconds(procs: Iterable[psutil.Process]) -> float:
+    """CPU seconds (user + system) ``procs`` have used, with their children that exited and were reaped."""
+    total = 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
 class PeakRSSMonitor:
     """Samples :func:`tree_rss` in a background thread; ``peak`` is the largest sum seen (bytes).
 
     Summed RSS counts shared pages (e.g. torch's libraries) once per process: it is the "all processes of the
-    run" figure, an upper bound on the physical memory the run needs.
+    run" figure, an upper bound on the physical memory the run needs. Each sample also records the CPU seconds the
+    same processes have used so far (:meth:`cpu_seconds_at`): on a machine of n cores, a run that has used X CPU
+    seconds by some point cannot have got there in less than X / n seconds.
     """
 
     def __init__(self, root_pid: int, marker: str | None = None, interval: float = 0.25) -> None:
@@ -165,16 +178,26 @@ class PeakRSSMonitor:
         self.peak = 0
         #: At the peak: MiB per process kind (:func:`rss_by_process_kind`), which add up to ``peak``.
         self.peak_by_kind: dict[str, float] = {}
+        #: (Unix time, CPU seconds used so far by every process of the run), one per sample, non-decreasing.
+        self.cpu: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            kinds = rss_by_process_kind(self.root_pid, self.marker)
+            by_kind = processes_by_kind(self.root_pid, self.marker)
+            kinds = _rss_mib_by_kind(by_kind)
             total = int(sum(kinds.values()) * 2**20)
             if total > self.peak:
                 self.peak, self.peak_by_kind = total, kinds
+            # A process that exits between samples takes its last CPU seconds along: keep the sum non-decreasing.
+            used = cpu_seconds(proc for procs in by_kind.values() for proc in procs)
+            self.cpu.append((time.time(), max(used, self.cpu[-1][1] if self.cpu else 0.0)))
             self._stop.wait(self.interval)
+
+    def cpu_seconds_at(self, when: float) -> float:
+        """CPU seconds the run had used at Unix time ``when`` (the first sample at or after it; NaN if none)."""
+        return next((used for at, used in self.cpu if at >= when), math.nan)
 
     def __enter__(self) -> PeakRSSMonitor:
         self._thread.start()
@@ -235,8 +258,12 @@ def processes_by_kind(root_pid: int, marker: str | None = None) -> dict[str, lis
 def rss_by_process_kind(root_pid: int, marker: str | None = None) -> dict[str, float]:
     """Resident memory (MiB) summed per process kind (driver, gcs_server, raylet, dashboard_agent, workers, ...):
     what each part of the engine costs. The values add up to :func:`tree_rss` (in MiB) of the same moment."""
+    return _rss_mib_by_kind(processes_by_kind(root_pid, marker))
+
+
+def _rss_mib_by_kind(by_kind: dict[str, list[psutil.Process]]) -> dict[str, float]:
     grouped: dict[str, float] = {}
-    for kind, procs in processes_by_kind(root_pid, marker).items():
+    for kind, procs in by_kind.items():
         for proc in procs:
             with contextlib.suppress(psutil.Error):
                 grouped[kind] = grouped.get(kind, 0.0) + proc.memory_info().rss / 2**20

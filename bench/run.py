@@ -103,6 +103,10 @@ def _run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout: float) 
     return proc
 
 
+def _per_core(cpu_s: float | None, cores: int) -> float | None:
+    return None if cpu_s is None or cores <= 0 else cpu_s / cores
+
+
 def _startup_split(t0: float, out: Path) -> dict[str, float]:
     meta = json.loads((out / "run.json").read_text())
     first = read_metrics(out / "metrics.jsonl")[0]
@@ -682,6 +686,13 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             f"{_num(pfl.get('startup_s'), '.1f')} | ≤ {t['startup_s']:.0f} and below pfl | "
             f"{_met(app.get('startup_s'), min(t['startup_s'], pfl.get('startup_s') or t['startup_s']))} |"
         )
+        cores = peer["cores"]
+        lines.append(
+            f"| PEER {name} CPU seconds every process used by the first local step, app / pfl (÷ {cores} cores: the "
+            f"least wall time they allow, s) | {_num(app.get('startup_cpu_s'), '.1f')} / "
+            f"{_num(pfl.get('startup_cpu_s'), '.1f')} ({_num(_per_core(app.get('startup_cpu_s'), cores), '.1f')} / "
+            f"{_num(_per_core(pfl.get('startup_cpu_s'), cores), '.1f')}) | | |"
+        )
         lines.append(
             f"| PEER {name} peak RSS all processes, app / pfl (MiB) | {_num(app.get('peak_rss_mib'), '.0f')} / "
             f"{_num(pfl.get('peak_rss_mib'), '.0f')} | ≤ {t['peak_rss_mib']:.0f} | "
@@ -704,6 +715,11 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             f"imported (s), against pfl's command → first local step | {ray_floor['ray_init_s']:.1f} / "
             f"{ray_floor['workers_ready_s']:.1f} (pfl {min(pfl_startups):.1f}) | | |"
         )
+        if "cpu_s" in ray_floor:
+            lines.append(
+                f"| PEER Flower's Ray engine alone: CPU seconds its processes used by then | {ray_floor['cpu_s']:.1f} "
+                "| | |"
+            )
     if limit_step := next((peer[n]["limit"] for n in ("dp_fedavg", "dp_fedsam") if peer.get(n, {}).get("limit")), None):
         lines.append(
             f"| PEER limit: bare SGD step, one thread (samples/s) | {limit_step['samples_per_s_one_thread']:.0f} | | |"

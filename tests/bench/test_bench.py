@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -27,6 +28,25 @@ def test_peak_rss_counts_the_children_of_the_process_tree() -> None:
         proc.wait(timeout=60)
     assert monitor.peak > 200 * 2**20
     assert tree_rss(proc.pid) == 0  # gone: nothing left to count
+
+
+def test_the_monitor_counts_the_cpu_seconds_of_the_process_tree_over_time() -> None:
+    # A parent that sleeps while its child spins ~0.6 s of CPU, then both idle: the tree's CPU seconds include the
+    # child's, never decrease, and are known at any moment after the first sample.
+    code = (
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', "
+        "'import time; end = time.process_time() + 0.6\\nwhile time.process_time() < end: pass\\ntime.sleep(1)']); "
+        "child.wait()"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    with PeakRSSMonitor(proc.pid, interval=0.05) as monitor:
+        proc.wait(timeout=60)
+    used = [cpu for _, cpu in monitor.cpu]
+    assert used == sorted(used)
+    assert 0.5 <= used[-1] < 5.0
+    assert monitor.cpu_seconds_at(monitor.cpu[0][0]) == used[0]
+    assert math.isnan(monitor.cpu_seconds_at(time.time() + 60))  # after the last sample: not known
 
 
 def test_app_round_seconds_are_the_intervals_of_rounds_3_to_T_minus_1() -> None:
