@@ -23,10 +23,12 @@ comparison is a ratio of two measurements taken side by side in this one invocat
 * **PEER** (``--peer pfl``; issue 22) — the app against pfl-research and the machine's compute limit, for
   DP-FedAvg and DP-FedSAM on the P2 config (bench/peer.py): s/round, command → first local step and peak RSS of
   every process of the app (its CPU default) and of pfl (P one-thread ``torchrun`` workers replaying the app's
-  clients, mini-batches and initial weights, bench/pfl_peer.py), each run twice, the two alternating, and pooled
-  (s/round: the median over every steady round of both runs); each s/round also as a ratio to the limit (the
-  run's bare local step on one thread × the cores). Targets: app / pfl ≤ 0.90, app / limit ≤ 1.15, startup
-  ≤ 10 s and below pfl's, peak RSS ≤ 3 GB. With a GPU, ``--peer pfl --only GPU`` adds bench/peer.py's GPU case.
+  clients, mini-batches and initial weights, bench/pfl_peer.py), each run twice (``--peer-repeats``), the two
+  alternating, and pooled (s/round: the median over every steady round of every run); each s/round also as a
+  ratio to the limit (the run's bare local step on one thread × the cores), and the CPU seconds every process used
+  by the first local step (÷ the cores: the least startup they allow). Targets: app / pfl ≤ 0.90, app / limit
+  ≤ 1.15, startup ≤ 10 s and below pfl's, peak RSS ≤ 3 GB. With a GPU, ``--peer pfl --only GPU`` adds
+  bench/peer.py's GPU case.
 * **GPU** (``--only GPU``; in the default set when torch sees a CUDA device) — the papers' scale on one GPU:
   Fashion-MNIST 20k-image subset, ``+scale=paper`` (30 local epochs, ASAM ρ = 0.5, C = 0.2, σ = 0.95) with
   M = 167 and q = 0.3 (about 50 clients of about 120 images a round): s/round of the app per client
@@ -809,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--peer", choices=("pfl",), default=None, help="compare with pfl-research (bench/peer.py)")
     parser.add_argument("--pfl-python", default=None, help="an interpreter with pfl (default: .bench-peer/pfl-venv)")
+    parser.add_argument(
+        "--peer-repeats", type=int, default=2, help="runs of each PEER contender, the app and pfl alternating"
+    )
     parser.add_argument("--rounds", type=int, default=8, help="P2 rounds (steady state = rounds 3..T-1)")
     parser.add_argument("--gpu-rounds", type=int, default=6, help="rounds of each GPU run (steady state = 3..T-1)")
     parser.add_argument("--procs", type=int, default=None, help="P2 parallel loops' processes (default: cores)")
@@ -853,7 +858,13 @@ def main(argv: list[str] | None = None) -> int:
             if "PEER" in only:
                 peer_rounds = 5 if args.quick else max(args.rounds, 12)
                 results["PEER"] = cpu_peer(
-                    overrides, peer_rounds, tmp, pfl_python, P2_STRATEGIES, args.procs or os.cpu_count() or 1
+                    overrides,
+                    peer_rounds,
+                    tmp,
+                    pfl_python,
+                    P2_STRATEGIES,
+                    args.procs or os.cpu_count() or 1,
+                    repeats=args.peer_repeats,
                 )
             if "GPU" in only:
                 gpu_overrides = with_overrides(GPU_OVERRIDES, *GPU_PEER_FIXED, *passthrough)
