@@ -15,33 +15,30 @@ from bench import run as bench_run
 from bench.processes import PeakRSSMonitor, tree_rss
 
 
-def test_peak_rss_counts_the_children_of_the_process_tree() -> None:
-    # A parent that starts a child holding 200 MiB: the tree's peak must include the child's memory.
-    code = (
-        "import subprocess, sys, time; "
-        "child = subprocess.Popen([sys.executable, '-c', "
-        "'import time; b = bytearray(200 * 2**20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(3)']); "
-        "child.wait()"
-    )
+def _monitor_parent_of(child_code: str) -> tuple[int, PeakRSSMonitor]:
+    """Monitor a parent process that runs ``child_code`` in a child and waits for it; (parent pid, the monitor)."""
+    code = f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {child_code!r}]).wait()"
     proc = subprocess.Popen([sys.executable, "-c", code])
     with PeakRSSMonitor(proc.pid, interval=0.05) as monitor:
         proc.wait(timeout=60)
+    return proc.pid, monitor
+
+
+def test_peak_rss_counts_the_children_of_the_process_tree() -> None:
+    # A parent that starts a child holding 200 MiB: the tree's peak must include the child's memory.
+    pid, monitor = _monitor_parent_of(
+        'import time; b = bytearray(200 * 2**20); b[::4096] = b"x" * len(b[::4096]); time.sleep(3)'
+    )
     assert monitor.peak > 200 * 2**20
-    assert tree_rss(proc.pid) == 0  # gone: nothing left to count
+    assert tree_rss(pid) == 0  # gone: nothing left to count
 
 
 def test_the_monitor_counts_the_cpu_seconds_of_the_process_tree_over_time() -> None:
     # A parent that sleeps while its child spins ~0.6 s of CPU, then both idle: the tree's CPU seconds include the
     # child's, never decrease, and are known at any moment after the first sample.
-    code = (
-        "import subprocess, sys, time; "
-        "child = subprocess.Popen([sys.executable, '-c', "
-        "'import time; end = time.process_time() + 0.6\\nwhile time.process_time() < end: pass\\ntime.sleep(1)']); "
-        "child.wait()"
+    _, monitor = _monitor_parent_of(
+        "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(1)"
     )
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    with PeakRSSMonitor(proc.pid, interval=0.05) as monitor:
-        proc.wait(timeout=60)
     used = [cpu for _, cpu in monitor.cpu]
     assert used == sorted(used)
     assert 0.5 <= used[-1] < 5.0
