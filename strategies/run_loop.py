@@ -1,11 +1,13 @@
 """The run: :meth:`strategies.base.FederatedStrategy.start`'s loop over rounds, as Flower's ``Strategy.start`` runs
 its hooks, with the steps a private run adds around them (the module docstring of strategies/base.py numbers them).
 
-Per round, in this order: the budget guard (step 1) → the strategy's plan (steps 2-3) → the grid → the strategy's
-aggregation (steps 5-6) → the release, written ahead to the log, then accounted (step 7) → the published record and
-evaluation (step 8) → the observers (metrics log, checkpoint, the user's). Before the first round: the settings the
-grid decides, the nodes, the release log and the audit; on a resume, the checkpointed state and every release logged
-after it. The loop itself holds the run's :class:`~flwr.serverapp.strategy.Result` and nothing else.
+Per round, in this order: the budget guard (step 1) → the strategy's plan (steps 2-3) → the grid, with the replies
+screened and admitted as they arrive (step 5) → the rest of the strategy's aggregation (step 6) → the release,
+written ahead to the log, then accounted (step 7) → the published record and evaluation (step 8) → the observers
+(metrics log, checkpoint, the user's), which run once the next round's messages are out (after the last round, at
+once). Before the first round: the settings the grid decides, the nodes, the release log and the audit; on a resume,
+the checkpointed state and every release logged after it. The loop itself holds the run's
+:class:`~flwr.serverapp.strategy.Result` and nothing else.
 """
 
 from __future__ import annotations
