@@ -100,41 +100,43 @@ def train_cohort(
     engine: Engine,
     shared_mask: list[np.ndarray] | None = None,
 ) -> CohortResult:
-    """Train the cohort ``partition_ids`` from the global ``parameters``; privatize and screen each client."""
+    """Train the cohort ``partition_ids`` from the global ``parameters``; privatize and screen each client.
+
+    Clients are taken in partition order, and with the sequential engine each is trained, privatized, screened
+    and added to the float64 sum before the next one trains: a worker holds one client's update at a time, and
+    the sum is the one :func:`~fl_app.privacy.mechanisms.uniform_sum` makes in that order.
+    """
     if len(faults) != len(partition_ids):
         raise ValueError(f"{len(partition_ids)} partitions but {len(faults)} fault entries")
     shapes = [tuple(p.shape) for p in parameters]
+    fault_of = dict(zip(partition_ids, faults, strict=True))
+    order = sorted(partition_ids)
     started = time.time()
-    trained: list[tuple[list[np.ndarray], LocalTrainingResult] | None]
+    stacked: dict[int, tuple[list[np.ndarray], LocalTrainingResult]] = {}
     if engine == "vectorized":
-        trained = list(_train_vectorized(parameters, ins, partition_ids))
-    else:
-        trained = []
-        first: float | None = None
-        for pid, fault in zip(partition_ids, faults, strict=True):
-            if fault == "raise":  # a client that raises in fit: nothing to train
-                trained.append(None)
-                continue
+        stacked = dict(zip(partition_ids, _train_vectorized(parameters, ins, partition_ids), strict=True))
+    out = CohortResult(total=mech.uniform_sum([], shapes), train_started_unix=started)
+    # In server placement the update must be within C whatever the recipe did (the server's rule, applied here
+    # to each client because the server only sees the cohort's sum).
+    reclip = ins.clip_norm > 0 and not ins.add_noise and ins.recipe.kind != "noisy_model"
+    stats: dict[str, list[float]] = {k: [] for k in ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps")}
+    first: float | None = None
+    for pid in order:
+        fault = fault_of[pid]
+        outcome: tuple[list[np.ndarray], LocalTrainingResult] | None = None
+        if fault == "raise":  # a client that raises in fit: nothing to train
+            pass
+        elif engine == "vectorized":
+            outcome = stacked.pop(pid)
+        else:
             try:
                 update, result, first_step = train_one(parameters, ins, pid)
             except Exception as exc:  # one client's failure (e.g. unreadable data) fails that client alone
                 logging.getLogger(__name__).warning("a client of the cohort failed: %s", type(exc).__name__)
-                trained.append(None)
-                continue
-            first = first_step if first is None else min(first, first_step)
-            trained.append((update, result))
-        started = first if first is not None else started
-    out = CohortResult(total=[], train_started_unix=started)
-    # In server placement the update must be within C whatever the recipe did (the server's rule, applied here
-    # to each client because the server only sees the cohort's sum).
-    reclip = ins.clip_norm > 0 and not ins.add_noise and ins.recipe.kind != "noisy_model"
-    accepted: list[tuple[int, list[np.ndarray]]] = []
-    stats: dict[str, list[float]] = {k: [] for k in ("pre_clip_norm", "train_loss", "train_accuracy", "num_steps")}
-    order = sorted(range(len(partition_ids)), key=lambda i: partition_ids[i])
-    for i in order:
-        pid, fault = partition_ids[i], faults[i]
-        outcome = trained[i]
-        if outcome is None or outcome[1].diverged or fault == "raise":
+            else:
+                outcome = (update, result)
+                first = first_step if first is None else min(first, first_step)
+        if outcome is None or outcome[1].diverged:
             out.rejected["failed"].append(pid)
             continue
         update, result = outcome
@@ -147,13 +149,14 @@ def train_cohort(
         if reclip:
             sent, was_reclipped = mech.reclip(sent, ins.clip_norm, norm=norm)
             out.reclipped += int(was_reclipped)
-        accepted.append((pid, sent))
+        mech.add_to_sum(out.total, sent)
+        out.accepted.append(pid)
         out.num_examples += result.num_examples
         stats["pre_clip_norm"].append(pre_clip_norm)
         stats["train_loss"].append(result.loss)
         stats["train_accuracy"].append(result.accuracy)
         stats["num_steps"].append(float(result.num_steps))
-    out.total = mech.uniform_sum([u for _, u in accepted], shapes)
-    out.accepted = [pid for pid, _ in accepted]
+    if first is not None:
+        out.train_started_unix = first
     out.metrics = stats
     return out

@@ -25,6 +25,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from fl_app.allocator import limit_malloc_arenas
 from fl_app.checkpoint import resolve_resume
 from fl_app.config import AppConfig, ConfigError, load_app_config
 from fl_app.data.datasets import DatasetUnavailableError, check_dataset
@@ -195,6 +196,8 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    # Before Ray and Flower start their threads in this process (fl_app/allocator.py).
+    limit_malloc_arenas()
     try:
         config = resolve_resume(load_app_config(cfg))
         preflight(config)

@@ -23,6 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 from hydra.utils import get_class
 
+from fl_app.allocator import limit_malloc_arenas
 from fl_app.atomic import atomic_write
 from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
@@ -89,6 +90,8 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
     started_unix = time.time()
     # The server aggregates with NumPy while the workers train: its BLAS threads must not spin on their cores.
     limit_library_threads(torch.get_num_threads())
+    # A no-op where the Hydra entry point did it already; early enough for the threads this run starts.
+    limit_malloc_arenas()
     output_dir.mkdir(parents=True, exist_ok=True)
     log(INFO, "Run output directory: %s", output_dir)
     model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)

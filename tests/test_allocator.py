@@ -63,6 +63,35 @@ def test_keep_freed_memory_is_idempotent() -> None:
     assert keep_freed_memory() is keep_freed_memory()
 
 
+_ARENAS = r"""
+import ctypes, sys, threading
+import numpy as np
+from fl_app.allocator import limit_malloc_arenas
+if sys.argv[1] == "limit":
+    assert limit_malloc_arenas(2)
+def churn():
+    for _ in range(2000):
+        blocks = [np.ones(8192) for _ in range(8)]  # 64 KiB each: heap (arena) blocks, not mmap'd ones
+        del blocks
+threads = [threading.Thread(target=churn) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+ctypes.CDLL(None).malloc_stats()  # one "Arena n:" block per arena, on stderr
+"""
+
+
+def _arenas(mode: str) -> int:
+    out = subprocess.run([sys.executable, "-c", _ARENAS, mode], capture_output=True, text=True, check=True)
+    return sum(line.startswith("Arena ") for line in out.stderr.splitlines())
+
+
+def test_the_driver_s_threads_share_at_most_two_malloc_arenas() -> None:
+    assert 1 <= _arenas("limit") <= 2
+    assert _arenas("default") >= 1  # the count is read the same way without the limit (usually several)
+
+
 _FULL_COLLECTION = r"""
 import gc, sys, time
 import torch, flwr.clientapp, fl_app.client_app

@@ -35,6 +35,7 @@ __all__ = [
     "CLIPPING_STATS_KEYS",
     "NDArrays",
     "add_gaussian_noise",
+    "add_to_sum",
     "apply_mask",
     "client_noise_topup_std",
     "clip_factor",
@@ -429,11 +430,19 @@ def uniform_sum(updates: Sequence[Sequence[np.ndarray]], shapes: Sequence[tuple[
     for index, update in enumerate(updates):
         if not has_shapes(update, shapes):
             raise ValueError(f"update {index} does not match the model's tensor shapes")
-        for total, tensor in zip(totals, update, strict=True):
-            # The ufunc widens each coordinate to float64 as it adds (exactly, for every float dtype): the same
-            # sums as adding a float64 copy, without making one per tensor.
-            np.add(total, np.asarray(tensor), out=total)
+        add_to_sum(totals, update)
     return totals
+
+
+def add_to_sum(totals: Sequence[np.ndarray], update: Sequence[np.ndarray]) -> None:
+    """``totals += update`` in place, tensor by tensor: one step of :func:`uniform_sum` (float64 ``totals``), for a
+    caller that adds updates one at a time instead of holding them all."""
+    if not has_shapes(update, [np.shape(total) for total in totals]):
+        raise ValueError("the update does not match the sum's tensor shapes")
+    for total, tensor in zip(totals, update, strict=True):
+        # The ufunc widens each coordinate to float64 as it adds (exactly, for every float dtype): the same sums as
+        # adding a float64 copy, without making one per tensor.
+        np.add(total, np.asarray(tensor), out=total)
 
 
 def uniform_average(

@@ -469,3 +469,29 @@ def test_diverging_client_is_dropped_alone(
 def test_fault_list_must_match_the_cohort(global_weights: list[np.ndarray]) -> None:
     with pytest.raises(ValueError, match="fault"):
         train_cohort(global_weights, _dp_fedavg(), [5, 4], [""], "sequential")
+
+
+def test_sequential_clients_are_trained_and_summed_one_at_a_time_in_partition_order(
+    global_weights: list[np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker holds one client's update at a time: each is privatized right after its training, in partition
+    # order whatever order the message listed them in, and the sum is uniform_sum's in that order.
+    calls: list[tuple[str, int]] = []
+    sent: dict[int, list[np.ndarray]] = {}
+
+    def training(parameters, ins, partition_id):
+        calls.append(("train", partition_id))
+        return train_one(parameters, ins, partition_id)
+
+    def privatizing(update, ins, partition_id, shared_mask=None):
+        calls.append(("privatize", partition_id))
+        sent[partition_id], norm = privatize_update(update, ins, partition_id, shared_mask)
+        return sent[partition_id], norm
+
+    monkeypatch.setattr(cohort, "train_one", training)
+    monkeypatch.setattr(cohort, "privatize_update", privatizing)
+    result = train_cohort(global_weights, _dp_fedavg(), [5, 0, 4], [""] * 3, "sequential")
+    assert calls == [("train", 0), ("privatize", 0), ("train", 4), ("privatize", 4), ("train", 5), ("privatize", 5)]
+    assert result.accepted == [0, 4, 5]
+    expected = mech.uniform_sum([sent[0], sent[4], sent[5]], [w.shape for w in global_weights])
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(result.total, expected, strict=True))

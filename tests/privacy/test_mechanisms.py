@@ -13,6 +13,7 @@ import pytest
 from fl_app.privacy.mechanisms import (
     RECLIP_TOLERANCE,
     add_gaussian_noise,
+    add_to_sum,
     apply_mask,
     client_noise_topup_std,
     clip_factor,
@@ -606,3 +607,14 @@ def test_uniform_sum_widens_each_dtype_exactly_as_a_float64_copy_would():
             total += tensor.astype(np.float64)
     summed = uniform_sum(updates, SHAPES)
     assert all(t.dtype == np.float64 and np.array_equal(t, e) for t, e in zip(summed, expected, strict=True))
+
+
+def test_adding_to_a_sum_one_update_at_a_time_is_uniform_sum() -> None:
+    rng = np.random.default_rng(5)
+    updates = [_random_update(rng, scale=10.0**-k) for k in range(3)]
+    totals = uniform_sum([], SHAPES)
+    for update in updates:
+        add_to_sum(totals, update)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(totals, uniform_sum(updates, SHAPES), strict=True))
+    with pytest.raises(ValueError, match="shapes"):
+        add_to_sum(totals, updates[0][:-1])
