@@ -30,17 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-P2_DP_FEDAVG = [
-    "strategy=dp_fedavg",
-    "dataset.num_clients=500",
-    "privacy.sampling=fixed",
-    "privacy.sample_rate=0.04",
-    "client.local_epochs=1",
-    "client.batch_size=32",
-    "eval_every=1000",
-    "num_rounds=30",
-]
-
 #: What the run loop calls, timed: (module, attribute path, key). Each call adds (start, seconds) under its key.
 TIMED = (
     ("strategies.base", "FederatedStrategy.plan_round", "plan"),
@@ -128,9 +117,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the medians here (JSON)")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides (default: the P2 config, DP-FedAvg, 30 rounds)")
     args = parser.parse_args(argv)
-    overrides = args.overrides or P2_DP_FEDAVG
     for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # before torch is imported
         os.environ[variable] = "1"
+    from bench.run import P2_OVERRIDES, with_overrides
+
+    overrides = args.overrides or with_overrides(P2_OVERRIDES, "strategy=dp_fedavg", "num_rounds=30")
     events: dict[str, list[tuple[float, float]]] = {}
     install(events)
     with tempfile.TemporaryDirectory(prefix="round_split_") as tmp:
