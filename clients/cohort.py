@@ -10,7 +10,7 @@ partition per message. The worker trains them with one of two engines:
 
 Privacy stays per client: each client's Δ goes through its own recipe (:func:`clients.recipes.privatize_update`:
 clip on its own global norm, its own noise in client placement), then through the same screening the server
-applies to a per-client reply (:func:`fl_app.privacy.mechanisms.screen_update`; in server placement a re-clip to C
+applies to a per-client reply (:func:`fl_app.privacy.mechanisms.measure_update`; in server placement a re-clip to C
 that never trusts the recipe). The reply carries the float64 sum of the accepted clients' updates in partition
 order, and per client its statistics and its fate (aggregated, failed, non-finite, wrong shape); the server checks
 the sum again (finite, shapes, ‖sum‖ ≤ k·C). A client that diverges, raises or sends garbage is dropped alone.

@@ -56,7 +56,6 @@ __all__ = [
     "randk_mask",
     "random_source",
     "reclip",
-    "screen_update",
     "secure_rng",
     "topk_mask",
     "uniform_average",
@@ -398,20 +397,13 @@ def has_shapes(update: Sequence[np.ndarray], reference_shapes: Sequence[tuple[in
     return all(tuple(np.shape(tensor)) == tuple(shape) for tensor, shape in zip(update, reference_shapes, strict=True))
 
 
-def screen_update(
-    update: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
-) -> Literal["shape", "nonfinite"] | None:
-    """Why an update from a client must be rejected before aggregation (SPEC §2), or None if it may be used:
-    ``shape`` (wrong tensor count, shapes or a non-floating dtype) or ``nonfinite`` (NaN/Inf anywhere, or a global
-    norm that overflows)."""
-    return measure_update(update, shapes)[0]
-
-
 def measure_update(
     update: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
 ) -> tuple[Literal["shape", "nonfinite"] | None, float]:
-    """:func:`screen_update`'s verdict and the :func:`global_l2_norm` the screening measured (NaN when it did not
-    get that far), for a receiver that re-clips next (:func:`reclip`'s ``norm``)."""
+    """The screening of an update from a client (SPEC §2): why it must be rejected before aggregation, or None if
+    it may be used — ``shape`` (wrong tensor count, shapes or a non-floating dtype) or ``nonfinite`` (NaN/Inf
+    anywhere, or a global norm that overflows) — and the :func:`global_l2_norm` it measured (NaN when it did not get
+    that far), for a receiver that re-clips next (:func:`reclip`'s ``norm``)."""
     if not has_shapes(update, shapes) or not all(np.issubdtype(np.asarray(u).dtype, np.floating) for u in update):
         return "shape", math.nan
     # One pass decides: the norm is a sum of squares, so a NaN anywhere makes it NaN and an infinity infinite (no
