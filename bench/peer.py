@@ -143,6 +143,31 @@ def ray_engine_floor(overrides: list[str], workers: int, tmp: Path) -> dict[str,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def flower_engine_floor(overrides: list[str], tmp: Path) -> dict[str, float]:
+    """Seconds from a command's start to the first local step of a ClientApp that does nothing but import torch,
+    run by Flower's ``run_simulation`` with the app's backend config and SuperNode count (bench/flower_floor.py);
+    ``cpu_s``: the CPU seconds every process of that command had used by then. The least any app on Flower's
+    simulation engine can start in, on this machine, before its own config, data, model and strategy."""
+    from fl_app.main import backend_config, concurrent_workers, simulation_nodes
+
+    config = compose_config(overrides)
+    out = tmp / "flower_floor.json"
+    env = {**run_env(tmp / "env_flower_floor"), **THREAD_ENV}
+    nodes, workers = simulation_nodes(config), concurrent_workers(config)
+    cmd = [
+        sys.executable, "-m", "bench.flower_floor", json.dumps(backend_config(config)), str(nodes), str(workers),
+        str(out),
+    ]  # fmt: skip
+    start, monitor = _run_monitored(cmd, env, tmp / "flower_floor.log", env["RAY_TMPDIR"], 600)
+    floor = json.loads(out.read_text())
+    return {
+        "first_step_s": floor["first_step_unix"] - start,
+        "cpu_s": monitor.cpu_seconds_at(floor["first_step_unix"]),
+        "nodes": nodes,
+        "workers": workers,
+    }
+
+
 def import_torch_rss_mib(python: str = sys.executable) -> float:
     """Resident MiB of a fresh process that has done nothing but ``import torch`` (with ``python``): what every
     process that trains or evaluates pays before its first tensor (the CUDA wheels load their libraries also on
@@ -313,6 +338,7 @@ def cpu_peer(
     result: dict[str, Any] = {"overrides": overrides, "rounds": num_rounds, "cores": procs, "repeats": repeats}
     result["import_torch_rss_mib"] = {"app": import_torch_rss_mib(), "pfl": import_torch_rss_mib(python)}
     result["ray_engine_floor"] = _attempt("ray_engine_floor", errors, ray_engine_floor, overrides, procs, tmp)
+    result["flower_engine_floor"] = _attempt("flower_engine_floor", errors, flower_engine_floor, overrides, tmp)
     for name in strategies:
         run = with_overrides(overrides, f"strategy={name}")
         part = tmp / f"peer_{name}"

@@ -722,6 +722,19 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
                 f"| PEER Flower's Ray engine alone: CPU seconds its processes used by then | {ray_floor['cpu_s']:.1f} "
                 "| | |"
             )
+    if flower_floor := peer.get("flower_engine_floor"):
+        startups = {
+            n: (peer[n]["app"]["startup_s"], peer[n]["pfl"]["startup_s"])
+            for n in ("dp_fedavg", "dp_fedsam")
+            if (peer.get(n) or {}).get("app") and peer[n].get("pfl")
+        }
+        against = "; ".join(f"{n} app {a:.1f} / pfl {b:.1f}" for n, (a, b) in startups.items())
+        lines.append(
+            f"| PEER Flower's simulation engine alone (run_simulation, the app's backend config, "
+            f"{flower_floor['nodes']} nodes, a ClientApp that only imports torch): command → first local step, s "
+            f"(CPU seconds by then), against app / pfl | {flower_floor['first_step_s']:.1f} "
+            f"({flower_floor['cpu_s']:.1f}) ({against}) | | |"
+        )
     if limit_step := next((peer[n]["limit"] for n in ("dp_fedavg", "dp_fedsam") if peer.get(n, {}).get("limit")), None):
         lines.append(
             f"| PEER limit: bare SGD step, one thread (samples/s) | {limit_step['samples_per_s_one_thread']:.0f} | | |"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bench.baseline import partition_indices, sampled_partitions, shuffle_generator
-from bench.peer import pooled, round_samples
+from bench.peer import flower_engine_floor, pooled, round_samples
 from bench.pfl_peer import check_peer_supported, write_replay
 from bench.run import to_markdown
 from fl_app.config import compose_config
@@ -80,11 +80,17 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
         "machine": {"date": "d", "cpu_count": 2, "processor": "x", "cuda": None, "torch": "t"},
         "overrides": [],
         "command": "python -m bench --peer pfl",
-        "PEER": {"cores": 2, "dp_fedavg": entry},
+        "PEER": {
+            "cores": 2,
+            "dp_fedavg": entry,
+            "flower_engine_floor": {"first_step_s": 5.2, "cpu_s": 7.4, "nodes": 2, "workers": 2},
+        },
     }
     text = to_markdown(results)
     assert "| PEER dp_fedavg app / pfl | **1.250** | ≤ 0.9 | **no** |" in text
     assert "2.00 / 1.60 / 1.40" in text
+    floor = next(line for line in text.splitlines() if "Flower's simulation engine alone" in line)
+    assert "2 nodes" in floor and "| 5.2 (7.4) (dp_fedavg app 12.0 / pfl 8.0) |" in floor
 
 
 def test_repeated_runs_pool_into_one_contender() -> None:
@@ -101,3 +107,12 @@ def test_repeated_runs_pool_into_one_contender() -> None:
     assert (one["peak_rss_mib"], one["peak_rss_by_kind_mib"]) == (4100.0, {"driver": 2.0})  # the larger run's
     assert [run["round_s"] for run in one["runs"]] == [0.9, 0.7]
     assert pooled([]) is None
+
+
+def test_the_flower_engine_floor_reaches_a_first_step(tmp_path: Path) -> None:
+    """bench/flower_floor.py through Flower's real simulation engine: the P2 config's backend and node count, a
+    ClientApp that only imports torch; the first step is timed from the command's start."""
+    floor = flower_engine_floor(["strategy=dp_fedavg", "dataset.num_clients=500", "privacy.sampling=fixed"], tmp_path)
+    assert floor["nodes"] == floor["workers"] >= 1  # cohort mode: one SuperNode per worker of the pool
+    assert 0.5 < floor["first_step_s"] < 300
+    assert floor["cpu_s"] > 0.5

@@ -1,0 +1,73 @@
+"""The least any app on Flower's simulation engine takes to its first local step (issue 22).
+
+``python -m bench.flower_floor BACKEND_CONFIG_JSON NODES WORKERS OUT_JSON`` runs Flower's ``run_simulation`` with
+the app's backend config (its ``ray.init`` arguments and client resources) and ``NODES`` SuperNodes, a ServerApp
+that sends one train message to each of ``WORKERS`` nodes (the actor pool's size) as soon as they are registered,
+and a ClientApp that imports torch (as every ClientApp worker that trains does) and notes the time before one tiny
+step. Nothing of the app is imported: no config, no data, no model, no strategy. ``OUT_JSON`` gets
+``first_step_unix`` (the earliest worker's); bench/peer.py times it from the command's start.
+
+Against pfl-research's command → first local step this says whether "below pfl" is reachable at all inside
+Flower's Ray engine; against the app's it says how much of the app's startup is its own.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+client = ClientApp()
+server = ServerApp()
+#: How many nodes get a message: the run's concurrent workers (set by main).
+_WORKERS = {"count": 2}
+_RESULT: dict[str, float] = {}
+
+
+@client.train()
+def _train(msg: Message, context: Context) -> Message:
+    import torch
+
+    started = time.time()
+    layer = torch.nn.Conv2d(1, 8, 3)
+    layer(torch.randn(32, 1, 28, 28)).sum().backward()
+    return Message(RecordDict({"floor": MetricRecord({"started": started})}), reply_to=msg)
+
+
+@server.main()
+def _main(grid: Grid, context: Context) -> None:
+    nodes: list[int] = []
+    while len(nodes) < _WORKERS["count"]:  # the SuperNodes register while the engine starts
+        nodes = sorted(grid.get_node_ids())[: _WORKERS["count"]]
+        time.sleep(0.01)
+    messages = [
+        Message(RecordDict({"config": ConfigRecord({"round": 1})}), dst_node_id=node, message_type="train")
+        for node in nodes
+    ]
+    replies = list(grid.send_and_receive(messages))
+    errors = [reply.error.reason for reply in replies if reply.has_error()]
+    if errors or len(replies) != len(messages):
+        raise RuntimeError(f"flower_floor: {len(replies)} replies to {len(messages)} messages; errors {errors}")
+    # The ServerApp runs on a thread of this process (run_simulation), so main reads what it leaves here.
+    _RESULT["first_step_unix"] = min(float(r.content["floor"]["started"]) for r in replies)
+
+
+def main(argv: list[str]) -> int:
+    from flwr.simulation import run_simulation
+
+    backend_config, nodes, out = json.loads(argv[0]), int(argv[1]), Path(argv[3])
+    _WORKERS["count"] = min(nodes, int(argv[2]))
+    run_simulation(server_app=server, client_app=client, num_supernodes=nodes, backend_config=backend_config)
+    if "first_step_unix" not in _RESULT:
+        raise RuntimeError("flower_floor: the ServerApp did not complete")
+    out.write_text(json.dumps(_RESULT))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
