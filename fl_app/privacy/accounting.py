@@ -24,13 +24,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import dp_accounting
 import numpy as np
-from dp_accounting.pld import PLDAccountant
-from dp_accounting.rdp import RdpAccountant
-from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
-from opacus.accountants import PRVAccountant, RDPAccountant
-from opacus.accountants.analysis import rdp as opacus_rdp
 
 from fl_app.choices import ACCOUNTANTS, SAMPLINGS, AccountantName, Sampling
 
@@ -45,6 +39,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Opacus and dp_accounting are imported in the functions that call them: importing Opacus' package loads its
+# optimizers and torch.distributed (~1 s on the 2-core machine, dp_accounting's ~0.3 s more), which a run needs
+# once it accounts a round, not on its way to starting Ray and the workers (docs/performance.md, startup).
 
 # (noise_multiplier σ, sample_rate q, number of rounds) — the same triple Opacus keeps in its history.
 Segment = tuple[float, float, int]
@@ -163,11 +161,16 @@ def _cached_epsilon(
         # Opacus warns whenever the optimal order sits at the edge of its grid, which happens for every
         # large-ε setting (e.g. while calibration brackets σ); the bound is still valid, so the warning is
         # only noise.
+        from opacus.accountants import RDPAccountant
+        from opacus.accountants.analysis import rdp as opacus_rdp
+
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r"Optimal order is the (largest|smallest) alpha")
             eps, _ = opacus_rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
             return float(eps)
     if accountant == "prv":
+        from opacus.accountants import PRVAccountant
+
         prv = PRVAccountant()
         prv.history = list(segments)
         return float(prv.get_epsilon(delta))
@@ -175,6 +178,9 @@ def _cached_epsilon(
 
 
 def _poisson_pld_epsilon(segments: Sequence[Segment], delta: float) -> float:
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
+
     pld = PLDAccountant(value_discretization_interval=_PLD_DISCRETIZATION)
     pld.compose(
         dp_accounting.ComposedDpEvent(
@@ -200,6 +206,8 @@ def _fixed_rdp_epsilon(segments: Sequence[Segment], delta: float, population: in
     replace-one sensitivity of C; that understates ε for our mechanism (≈ 300.8 with σ/2). We account the sound
     number and the tests pin both (see docs/mechanisms.md "Fixed-size sampling").
     """
+    from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
+
     orders, _ = _fixed_rdp_per_round(segments[0][0], segments[0][1], population)
     rdp = sum(steps * _fixed_rdp_per_round(sigma, q, population)[1] for sigma, q, steps in segments)
     eps, _ = dp_rdp.compute_epsilon(orders, rdp, delta)
@@ -209,6 +217,9 @@ def _fixed_rdp_epsilon(segments: Sequence[Segment], delta: float, population: in
 @functools.lru_cache(maxsize=256)
 def _poisson_rdp_per_round(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     """Opacus' RDP curve of one Poisson-sampled Gaussian round on its default orders."""
+    from opacus.accountants import RDPAccountant
+    from opacus.accountants.analysis import rdp as opacus_rdp
+
     curve = opacus_rdp.compute_rdp(
         q=sample_rate, noise_multiplier=noise_multiplier, steps=1, orders=RDPAccountant.DEFAULT_ALPHAS
     )
@@ -225,6 +236,9 @@ def _fixed_rdp_per_round(
     (read from the accountant after composing one event) times T is the same number, without redoing the
     series every round.
     """
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
     accountant = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     accountant.compose(
         dp_accounting.SampledWithoutReplacementDpEvent(

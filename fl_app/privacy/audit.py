@@ -70,12 +70,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import expit, log_ndtr
-from scipy.stats import binom
 
 from fl_app.choices import GUESS_RULES, GuessRule
 from fl_app.privacy.mechanisms import global_l2_norm, make_rng
+
+# SciPy's special functions, root finder and binomial are imported where they are called: scipy.stats alone costs
+# ~0.4 s, which every run's driver would pay on its way to starting Ray, and only an audit's evaluation uses them.
 
 __all__ = [
     "AUDIT_STREAM",
@@ -345,6 +345,8 @@ def all_iterates_statistics(dots: np.ndarray, delta_norms: np.ndarray) -> np.nda
 
 def _log_interval_mass(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """log P[lo < Z < hi] for Z ~ N(0, 1), elementwise, accurate far in either tail (±inf endpoints allowed)."""
+    from scipy.special import log_ndtr
+
     with np.errstate(divide="ignore", invalid="ignore"):
         lo, hi = np.broadcast_arrays(np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64))
         # Subtract the smaller tail from the larger one in log space, on the side of 0 where both tails are small.
@@ -460,6 +462,8 @@ def _pair_epsilons(
     if m0.size == 1 and solvable.all():
         # One pair: Brent's method needs ~15 evaluations where bisection needs ~55, and each costs ~1 ms of numpy
         # call overhead. The bracket [lo, hi] has δ(lo) > δ ≥ δ(hi).
+        from scipy.optimize import brentq
+
         root = brentq(lambda e: float(excess(np.full(1, e))[0]), lo[0], hi[0], xtol=1e-15, rtol=1e-15, maxiter=500)
         hi = np.full(1, root)
     else:
@@ -671,6 +675,9 @@ def one_run_p_value(canaries: int, guesses: int, correct: int, epsilon: float, d
         raise ValueError(f"epsilon must be non-negative, got {epsilon!r}")
     if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 <= delta <= 1.0:
         raise ValueError(f"delta must be in [0, 1], got {delta!r}")
+    from scipy.special import expit
+    from scipy.stats import binom
+
     q = float(expit(epsilon))
     tail = float(binom.sf(v - 1, r, q))
     if delta == 0 or v == 0:
