@@ -1,7 +1,9 @@
 """The least any app on Flower's simulation engine takes to its first local step (issue 22).
 
-``python -m bench.flower_floor BACKEND_CONFIG_JSON NODES WORKERS OUT_JSON`` runs Flower's ``run_simulation`` with
-the app's backend config (its ``ray.init`` arguments and client resources) and ``NODES`` SuperNodes, a ServerApp
+``python -m bench.flower_floor BACKEND_CONFIG_JSON NODES WORKERS OUT_JSON [app|flower]`` runs Flower's
+``run_simulation`` with the app's backend config (its ``ray.init`` arguments and client resources) and ``NODES``
+SuperNodes, Ray started as the app starts it (``app``, the default: :func:`fl_app.local_ray.start_local_ray`) or
+by Flower's backend (``flower``: a job runtime_env, so the actors wait for fresh worker processes), a ServerApp
 that sends one train message to each of ``WORKERS`` nodes (the actor pool's size) as soon as they are registered,
 and a ClientApp that imports torch (as every ClientApp worker that trains does) and notes the time before one tiny
 step. Nothing of the app is imported: no config, no data, no model, no strategy. ``OUT_JSON`` gets
@@ -62,6 +64,13 @@ def main(argv: list[str]) -> int:
 
     backend_config, nodes, out = json.loads(argv[0]), int(argv[1]), Path(argv[3])
     _WORKERS["count"] = min(nodes, int(argv[2]))
+    ray_start = argv[4] if len(argv) > 4 else "app"
+    if ray_start not in ("app", "flower"):
+        raise SystemExit(f"flower_floor: the Ray start is 'app' or 'flower', not {ray_start!r}")
+    if ray_start == "app":
+        from fl_app.local_ray import start_local_ray
+
+        start_local_ray(backend_config["init_args"])
     run_simulation(server_app=server, client_app=client, num_supernodes=nodes, backend_config=backend_config)
     if "first_step_unix" not in _RESULT:
         raise RuntimeError("flower_floor: the ServerApp did not complete")

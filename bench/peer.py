@@ -143,28 +143,30 @@ def ray_engine_floor(overrides: list[str], workers: int, tmp: Path) -> dict[str,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def flower_engine_floor(overrides: list[str], tmp: Path) -> dict[str, float]:
+def flower_engine_floor(overrides: list[str], tmp: Path, ray_start: str = "app") -> dict[str, float]:
     """Seconds from a command's start to the first local step of a ClientApp that does nothing but import torch,
-    run by Flower's ``run_simulation`` with the app's backend config and SuperNode count (bench/flower_floor.py);
-    ``cpu_s``: the CPU seconds every process of that command had used by then. The least any app on Flower's
-    simulation engine can start in, on this machine, before its own config, data, model and strategy."""
+    run by Flower's ``run_simulation`` with the app's backend config and SuperNode count (bench/flower_floor.py),
+    Ray started as the app starts it (``ray_start="app"``) or by Flower's backend (``"flower"``); ``cpu_s``: the CPU
+    seconds every process of that command had used by then. The least any app on Flower's simulation engine can
+    start in, on this machine, before its own config, data, model and strategy."""
     from fl_app.main import backend_config, concurrent_workers, simulation_nodes
 
     config = compose_config(overrides)
-    out = tmp / "flower_floor.json"
-    env = {**run_env(tmp / "env_flower_floor"), **THREAD_ENV}
+    out = tmp / f"flower_floor_{ray_start}.json"
+    env = {**run_env(tmp / f"env_flower_floor_{ray_start}"), **THREAD_ENV}
     nodes, workers = simulation_nodes(config), concurrent_workers(config)
     cmd = [
         sys.executable, "-m", "bench.flower_floor", json.dumps(backend_config(config)), str(nodes), str(workers),
-        str(out),
+        str(out), ray_start,
     ]  # fmt: skip
-    start, monitor = _run_monitored(cmd, env, tmp / "flower_floor.log", env["RAY_TMPDIR"], 600)
+    start, monitor = _run_monitored(cmd, env, tmp / f"flower_floor_{ray_start}.log", env["RAY_TMPDIR"], 600)
     floor = json.loads(out.read_text())
     return {
         "first_step_s": floor["first_step_unix"] - start,
         "cpu_s": monitor.cpu_seconds_at(floor["first_step_unix"]),
         "nodes": nodes,
         "workers": workers,
+        "ray_start": ray_start,
     }
 
 
@@ -339,6 +341,9 @@ def cpu_peer(
     result["import_torch_rss_mib"] = {"app": import_torch_rss_mib(), "pfl": import_torch_rss_mib(python)}
     result["ray_engine_floor"] = _attempt("ray_engine_floor", errors, ray_engine_floor, overrides, procs, tmp)
     result["flower_engine_floor"] = _attempt("flower_engine_floor", errors, flower_engine_floor, overrides, tmp)
+    result["flower_engine_floor_flower_ray"] = _attempt(
+        "flower_engine_floor_flower_ray", errors, flower_engine_floor, overrides, tmp, "flower"
+    )
     for name in strategies:
         run = with_overrides(overrides, f"strategy={name}")
         part = tmp / f"peer_{name}"

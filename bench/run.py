@@ -730,10 +730,15 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
         }
         against = "; ".join(f"{n} app {a:.1f} / pfl {b:.1f}" for n, (a, b) in startups.items())
         lines.append(
-            f"| PEER Flower's simulation engine alone (run_simulation, the app's backend config, "
+            f"| PEER Flower's simulation engine alone (run_simulation, the app's backend config and Ray start, "
             f"{flower_floor['nodes']} nodes, a ClientApp that only imports torch): command → first local step, s "
             f"(CPU seconds by then), against app / pfl | {flower_floor['first_step_s']:.1f} "
             f"({flower_floor['cpu_s']:.1f}) ({against}) | | |"
+        )
+    if flower_ray := peer.get("flower_engine_floor_flower_ray"):
+        lines.append(
+            "| PEER the same with Ray started by Flower's backend (a job runtime_env): command → first local step, s "
+            f"(CPU seconds by then) | {flower_ray['first_step_s']:.1f} ({flower_ray['cpu_s']:.1f}) | | |"
         )
     if limit_step := next((peer[n]["limit"] for n in ("dp_fedavg", "dp_fedsam") if peer.get(n, {}).get("limit")), None):
         lines.append(

@@ -29,6 +29,7 @@ from fl_app.allocator import limit_malloc_arenas
 from fl_app.checkpoint import resolve_resume
 from fl_app.config import AppConfig, ConfigError, load_app_config
 from fl_app.data.datasets import DatasetUnavailableError, check_dataset
+from fl_app.local_ray import driver_pythonpath, start_local_ray
 
 
 def simulation_nodes(config: AppConfig) -> int:
@@ -111,10 +112,7 @@ def join_ray_cluster(config: AppConfig) -> None:
     from flwr.common.logger import log
 
     init_args = backend_config(config)["init_args"]
-    pythonpath = os.pathsep.join(sys.path)
-    if os.environ.get("PYTHONPATH"):
-        pythonpath = f"{pythonpath}{os.pathsep}{os.environ['PYTHONPATH']}"
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": pythonpath}}, **init_args)
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}}, **init_args)
     resources = ray.cluster_resources()
     log(
         logging.INFO,
@@ -177,6 +175,8 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     try:
         if config.simulation.ray_address is not None:
             join_ray_cluster(config)
+        else:
+            start_local_ray(backend_config(config)["init_args"])
         num_nodes = simulation_nodes(config)
         # Flower logs a deprecation warning for run_simulation here; see the module docstring and docs/running.md.
         run_simulation(

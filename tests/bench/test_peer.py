@@ -84,6 +84,7 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
             "cores": 2,
             "dp_fedavg": entry,
             "flower_engine_floor": {"first_step_s": 5.2, "cpu_s": 7.4, "nodes": 2, "workers": 2},
+            "flower_engine_floor_flower_ray": {"first_step_s": 6.3, "cpu_s": 8.1, "nodes": 2, "workers": 2},
         },
     }
     text = to_markdown(results)
@@ -91,6 +92,8 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
     assert "2.00 / 1.60 / 1.40" in text
     floor = next(line for line in text.splitlines() if "Flower's simulation engine alone" in line)
     assert "2 nodes" in floor and "| 5.2 (7.4) (dp_fedavg app 12.0 / pfl 8.0) |" in floor
+    flower_ray = next(line for line in text.splitlines() if "Ray started by Flower's backend" in line)
+    assert flower_ray.endswith("| 6.3 (8.1) | | |")
 
 
 def test_repeated_runs_pool_into_one_contender() -> None:
@@ -111,8 +114,11 @@ def test_repeated_runs_pool_into_one_contender() -> None:
 
 def test_the_flower_engine_floor_reaches_a_first_step(tmp_path: Path) -> None:
     """bench/flower_floor.py through Flower's real simulation engine: the P2 config's backend and node count, a
-    ClientApp that only imports torch; the first step is timed from the command's start."""
-    floor = flower_engine_floor(["strategy=dp_fedavg", "dataset.num_clients=500", "privacy.sampling=fixed"], tmp_path)
-    assert floor["nodes"] == floor["workers"] >= 1  # cohort mode: one SuperNode per worker of the pool
-    assert 0.5 < floor["first_step_s"] < 300
-    assert floor["cpu_s"] > 0.5
+    ClientApp that only imports torch, Ray started the app's way and Flower's; the first step is timed from the
+    command's start."""
+    overrides = ["strategy=dp_fedavg", "dataset.num_clients=500", "privacy.sampling=fixed"]
+    for ray_start in ("app", "flower"):
+        floor = flower_engine_floor(overrides, tmp_path, ray_start)
+        assert floor["nodes"] == floor["workers"] >= 1  # cohort mode: one SuperNode per worker of the pool
+        assert 0.5 < floor["first_step_s"] < 300
+        assert floor["cpu_s"] > 0.5
