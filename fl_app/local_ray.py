@@ -6,7 +6,7 @@ already. A job-level runtime_env makes every actor wait for Ray's runtime-env ag
 for that environment, while the workers Ray prestarts when the driver connects (one per CPU, with no runtime_env)
 sit idle. :func:`start_local_ray` hands the same PYTHONPATH through the environment instead, which the raylet and so
 every worker inherit from this process: the workers import from the same path, the actors take the prestarted
-workers, and Flower's engine alone reaches its first local step about a second sooner on the 2-core machine
+workers, and Flower's engine alone reaches its first local step 0.5–1.6 s sooner on the 2-core machine
 (``python -m bench --peer pfl --only PEER``, docs/performance.md). Flower's backend then skips its own ``ray.init``.
 
 A Ray cluster that is joined (``simulation.ray_address``) keeps the runtime_env (:func:`fl_app.main.join_ray_cluster`):
