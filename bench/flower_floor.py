@@ -24,11 +24,8 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+#: Module level, so that the Ray workers import it by reference (the ServerApp runs in this process).
 client = ClientApp()
-server = ServerApp()
-#: How many nodes get a message: the run's concurrent workers (set by main).
-_WORKERS = {"count": 2}
-_RESULT: dict[str, float] = {}
 
 
 @client.train()
@@ -41,29 +38,35 @@ def _train(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"floor": MetricRecord({"started": started})}), reply_to=msg)
 
 
-@server.main()
-def _main(grid: Grid, context: Context) -> None:
-    nodes: list[int] = []
-    while len(nodes) < _WORKERS["count"]:  # the SuperNodes register while the engine starts
-        nodes = sorted(grid.get_node_ids())[: _WORKERS["count"]]
-        time.sleep(0.01)
-    messages = [
-        Message(RecordDict({"config": ConfigRecord({"round": 1})}), dst_node_id=node, message_type="train")
-        for node in nodes
-    ]
-    replies = list(grid.send_and_receive(messages))
-    errors = [reply.error.reason for reply in replies if reply.has_error()]
-    if errors or len(replies) != len(messages):
-        raise RuntimeError(f"flower_floor: {len(replies)} replies to {len(messages)} messages; errors {errors}")
-    # The ServerApp runs on a thread of this process (run_simulation), so main reads what it leaves here.
-    _RESULT["first_step_unix"] = min(float(r.content["floor"]["started"]) for r in replies)
+def floor_server(workers: int, result: dict[str, float]) -> ServerApp:
+    """A ServerApp that sends one train message to each of ``workers`` nodes as soon as they are registered and
+    puts the earliest reported first step into ``result`` (it runs on a thread of this process)."""
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        nodes: list[int] = []
+        while len(nodes) < workers:  # the SuperNodes register while the engine starts
+            nodes = sorted(grid.get_node_ids())[:workers]
+            time.sleep(0.01)
+        messages = [
+            Message(RecordDict({"config": ConfigRecord({"round": 1})}), dst_node_id=node, message_type="train")
+            for node in nodes
+        ]
+        replies = list(grid.send_and_receive(messages))
+        errors = [reply.error.reason for reply in replies if reply.has_error()]
+        if errors or len(replies) != len(messages):
+            raise RuntimeError(f"flower_floor: {len(replies)} replies to {len(messages)} messages; errors {errors}")
+        result["first_step_unix"] = min(float(r.content["floor"]["started"]) for r in replies)
+
+    return server
 
 
 def main(argv: list[str]) -> int:
     from flwr.simulation import run_simulation
 
     backend_config, nodes, out = json.loads(argv[0]), int(argv[1]), Path(argv[3])
-    _WORKERS["count"] = min(nodes, int(argv[2]))
+    workers = min(nodes, int(argv[2]))
     ray_start = argv[4] if len(argv) > 4 else "app"
     if ray_start not in ("app", "flower"):
         raise SystemExit(f"flower_floor: the Ray start is 'app' or 'flower', not {ray_start!r}")
@@ -71,10 +74,12 @@ def main(argv: list[str]) -> int:
         from fl_app.local_ray import start_local_ray
 
         start_local_ray(backend_config["init_args"])
+    result: dict[str, float] = {}
+    server = floor_server(workers, result)
     run_simulation(server_app=server, client_app=client, num_supernodes=nodes, backend_config=backend_config)
-    if "first_step_unix" not in _RESULT:
+    if "first_step_unix" not in result:
         raise RuntimeError("flower_floor: the ServerApp did not complete")
-    out.write_text(json.dumps(_RESULT))
+    out.write_text(json.dumps(result))
     return 0
 
 
