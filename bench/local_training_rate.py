@@ -3,8 +3,8 @@
 ``python -m bench.local_training_rate [--clients 20] [--repeats 3]``: in one process on one thread (BLAS pinned,
 freed memory kept as in the app's workers), samples/s of
 
-* the bare step — forward, backward and the app's SGD step (foreach kernels) on one fixed batch of 32 (the compute
-  limit's step, bench/peer.py);
+* the bare step — forward, backward and the app's SGD step (its kernels, :func:`clients.training.sgd_kernels`) on
+  one fixed batch of 32 (the compute limit's step, bench/peer.py);
 * ``clients.training.train_local`` over the first ``--clients`` clients of the P2 partition (Fashion-MNIST, M = 500,
   Dirichlet 0.6), one epoch, batch 32: real clients, with their partial last batches, a fresh gathered mini-batch
   every step and the loop's bookkeeping.
@@ -25,7 +25,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from clients.training import LocalTrainingConfig, train_local  # noqa: E402
+from clients.training import LocalTrainingConfig, sgd_kernels, train_local  # noqa: E402
 from fl_app.allocator import keep_freed_memory  # noqa: E402
 from fl_app.config import compose_config  # noqa: E402
 from fl_app.data.datasets import load_dataset  # noqa: E402
@@ -53,7 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     samples = sum(int(y.shape[0]) for _, y in clients)
     cpu = torch.device("cpu")
     model = to_compute_layout(build_model_for_dataset(cfg.model.name, d.name, seed=cfg.seed), cpu)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay, foreach=True)
+    opt = torch.optim.SGD(
+        model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay, **sgd_kernels(cpu)
+    )
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(32, 1, 28, 28, generator=gen), torch.randint(0, 10, (32,), generator=gen)
 

@@ -55,8 +55,9 @@ from fl_app.data.datasets import DATASETS
 info = DATASETS[cfg.dataset.name]
 x = torch.randn(c.batch_size, info.in_channels, info.image_size, info.image_size, device=device)
 y = torch.randint(0, info.num_classes, (c.batch_size,), device=device)
-# The optimizer kernels the app's local training runs (clients/training.py: foreach, bit-equal to torch's loop).
-opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay, foreach=True)
+from clients.training import sgd_kernels  # the optimizer kernels the app's local training runs
+kernels = sgd_kernels(device)
+opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay, **kernels)
 sam = cfg.strategy.name in ("dp_fedsam", "fedsam", "dp_fedsam_topk")
 def step():
     opt.zero_grad(set_to_none=True)
@@ -241,13 +242,21 @@ def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) 
 
 
 def pfl_contender(
-    overrides: list[str], num_rounds: int, tmp: Path, label: str, python: str, procs: int, device: str
+    overrides: list[str],
+    num_rounds: int,
+    tmp: Path,
+    label: str,
+    python: str,
+    procs: int,
+    device: str,
+    step: str = "app",
 ) -> dict[str, Any]:
     """pfl replaying the same run: s/round (rank 0's interval between consecutive rounds' ends), startup (the
     ``torchrun`` command → first local step on any worker), peak RSS of all its processes. The replay is written
-    before the command starts (it is the app's schedule, not part of pfl's run)."""
+    before the command starts (it is the app's schedule, not part of pfl's run); ``step`` is its local step's
+    set-up (bench/pfl_peer.py: the app's by default)."""
     replay = tmp / f"replay_{label}"
-    spec = write_replay(compose_config([*overrides, f"num_rounds={num_rounds}"]), num_rounds, replay)
+    spec = write_replay(compose_config([*overrides, f"num_rounds={num_rounds}"]), num_rounds, replay, step)
     result = tmp / f"pfl_{label}.json"
     env = {**pfl_env(1, device), "PEER_RUN_MARKER": str(replay)}
     start, monitor = _run_monitored(
@@ -266,6 +275,7 @@ def pfl_contender(
         "device": summary["device"],
         "model_file": summary["weights_file"],
         "round_samples": round_samples(spec, int(spec["config"]["local_epochs"])),
+        "step": step,
     }
 
 
@@ -331,9 +341,10 @@ def cpu_peer(
     repeats: int = 2,
 ) -> dict[str, Any]:
     """The P2 configuration on this machine's cores, per strategy: the app (its CPU default), pfl with ``procs``
-    one-thread workers, and the compute limit; every s/round also as a ratio to the limit. Each contender runs
-    ``repeats`` times, the two alternating (pfl first, then the app first, ...), so that a slow spell of the machine
-    does not fall on one side only; their runs are :func:`pooled`."""
+    one-thread workers training the app's local step, and the compute limit; every s/round also as a ratio to the
+    limit. Each contender runs ``repeats`` times, the two alternating (pfl first, then the app first, ...), so that a
+    slow spell of the machine does not fall on one side only; their runs are :func:`pooled`. Then pfl once more with
+    torch's defaults for the step (``pfl_torch_defaults``: what the app's step set-up is worth to a pfl user)."""
     from bench.run import with_overrides
 
     errors: dict[str, str] = {}
@@ -362,6 +373,10 @@ def cpu_peer(
                 if done is not None:
                     runs[side].append(done)
         entry["pfl"], entry["app"] = pooled(runs["pfl"]), pooled(runs["app"])
+        entry["pfl_torch_defaults"] = _attempt(
+            f"{name}/pfl_torch_defaults", errors, pfl_contender, run, num_rounds, part, "pfl_torch_defaults",
+            python, procs, "cpu", "torch_defaults",
+        )  # fmt: skip
         limit = _attempt(f"{name}/limit", errors, compute_limit, run, procs)
         entry["limit"] = limit
         if limit and entry["pfl"]:
@@ -369,6 +384,7 @@ def cpu_peer(
             per_round = [n / limit["samples_per_s_machine"] for n in samples]
             limit["round_s"] = statistics.median(per_round)
         entry["ratio_app_over_pfl"] = _ratio(entry["app"], entry["pfl"])
+        entry["ratio_app_over_pfl_torch_defaults"] = _ratio(entry["app"], entry["pfl_torch_defaults"])
         entry["ratio_app_over_limit"] = _ratio(entry["app"], limit)
         entry["ratio_pfl_over_limit"] = _ratio(entry["pfl"], limit)
         result[name] = entry

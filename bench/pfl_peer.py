@@ -11,6 +11,12 @@
    :func:`bench.baseline.local_train` draws them), the initial weights, and the hyperparameters.
 3. **pfl's side** (bench/pfl_worker.py) trains it under ``torchrun`` with P processes of one torch thread each —
    pfl's recommended CPU set-up — with its balanced cohort sampler, its Gaussian mechanism and its FedAvg.
+4. **The same local step** (``step="app"``, :data:`STEPS`): the replay trains with what the app's workers train
+   with — the model in the app's compute layout (:func:`fl_app.models.to_compute_layout`: channels-last on a CPU,
+   ~1.3× faster a step there), glibc keeping freed memory (:func:`fl_app.allocator.keep_freed_memory`: no page
+   faults a step) and the app's SGD kernels (:func:`clients.training.sgd_kernels`) — so that a timing compares the
+   frameworks around the step, not two steps. ``step="torch_defaults"`` is pfl as a user would write it without
+   them (NCHW, glibc's defaults, ``torch.optim.SGD``'s default kernels): what those choices are worth.
 
 ``--check`` (σ forced to 0, 2 rounds) compares pfl's final model with bench/baseline.py's (the app's plain-loop
 reference, equal to the app bit for bit by tests/integration/test_app_equals_baseline.py): both sides must agree
@@ -41,6 +47,7 @@ from bench.baseline import (
     shuffle_generator,
 )
 from bench.processes import ROOT
+from clients.training import sgd_kernels
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import DATASETS, load_dataset
 from fl_app.models import build_model_for_dataset, get_weights
@@ -52,6 +59,8 @@ PEER_DIR = ROOT / ".bench-peer"
 #: tolerance, not bit for bit.
 EQUIVALENCE_ATOL = 1e-5
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+#: The local steps a replay can train with (module docstring, item 4).
+STEPS = ("app", "torch_defaults")
 
 
 def ensure_pfl_python(venv: Path = PEER_DIR / "pfl-venv") -> Path:
@@ -76,8 +85,19 @@ def check_peer_supported(config: AppConfig) -> bool:
     return use_sam
 
 
-def write_replay(config: AppConfig, num_rounds: int, out: Path) -> dict[str, Any]:
+def replay_step(step: str) -> dict[str, Any]:
+    """What the pfl worker trains with under ``step`` (:data:`STEPS`): the compute layout, the allocator setting
+    and the SGD kernels' keyword per device type."""
+    if step not in STEPS:
+        raise ValueError(f"step must be one of {STEPS}, got {step!r}")
+    app = step == "app"
+    kernels = {kind: sgd_kernels(kind) if app else {} for kind in ("cpu", "cuda")}
+    return {"name": step, "compute_layout": app, "keep_freed_memory": app, "sgd_kernels": kernels}
+
+
+def write_replay(config: AppConfig, num_rounds: int, out: Path, step: str = "app") -> dict[str, Any]:
     """Write ``replay.json`` and ``replay.npz`` into ``out`` (see the module docstring); returns the JSON spec."""
+    step_spec = replay_step(step)
     use_sam = check_peer_supported(config)
     _, private = check_supported(config)
     d, c, p = config.dataset, config.client, config.privacy
@@ -127,6 +147,7 @@ def write_replay(config: AppConfig, num_rounds: int, out: Path) -> dict[str, Any
             "clip_norm": p.clip_norm,
             "noise_multiplier": p.noise_multiplier,
             "server_lr": config.strategy.server_lr,
+            "step": step_spec,
         },
         "users": users,
     }

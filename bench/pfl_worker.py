@@ -1,9 +1,9 @@
 """pfl-research's side of the peer benchmark: one worker of a ``torchrun`` job replaying the app's run in pfl.
 
 Runs in pfl's own environment (PyPI ``pfl[pytorch]``; ``bench/pfl_peer.py`` makes it), never in the project's:
-it imports torch, NumPy and pfl, and from the project only :func:`fl_app.models.build_model` (torch alone), so
-that both sides train the same network class. Everything else comes from the replay that ``bench/pfl_peer.py``
-wrote from the app's own code (``replay.json`` + ``replay.npz``):
+it imports torch, NumPy and pfl, and from the project only :mod:`fl_app.models` (torch alone) and
+:mod:`fl_app.allocator` (ctypes), so that both sides train the same network class the same way. Everything else
+comes from the replay that ``bench/pfl_peer.py`` wrote from the app's own code (``replay.json`` + ``replay.npz``):
 
 * the cohort of each round, in the app's order — pfl's :class:`~pfl.data.federated_dataset.FederatedDataset`
   samples from a user sampler that walks that schedule; every (round, client) pair is its own pfl user, weighted
@@ -12,6 +12,8 @@ wrote from the app's own code (``replay.json`` + ``replay.npz``):
 * each client's mini-batches: the permutation of every local epoch, drawn by the app's shuffle stream;
 * the initial weights, the local optimizer (SGD with momentum and weight decay, η_t = η·decay^(t−1)) and the
   SAM/ASAM step written as a pfl ``train_step_fn`` (the same two-pass step as bench/baseline.py);
+* the local step's set-up (the replay's ``step``, bench/pfl_peer.py): by default the app's — the model in its
+  compute layout, glibc keeping freed memory, its SGD kernels — as the app's workers train;
 * clipping to C and Gaussian noise σC on the sum as pfl's own
   ``CentrallyAppliedPrivacyMechanism(GaussianMechanism(C, σ))``; the sum over the cohort divided by the cohort
   size (= the app's fixed denominator m under fixed-size sampling) and the server step ``SGD(lr=η_g)`` as pfl's
@@ -116,6 +118,13 @@ def sam_train_step(
 def main() -> int:
     replay_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     torch.set_num_threads(int(os.environ.get("PEER_TORCH_THREADS", "1")))
+    spec = json.loads((replay_dir / "replay.json").read_text())
+    c = spec["config"]
+    step = c["step"]
+    if step["keep_freed_memory"]:  # before the first tensor, as the app's workers do
+        from fl_app.allocator import keep_freed_memory
+
+        keep_freed_memory()
 
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
@@ -128,10 +137,8 @@ def main() -> int:
     from pfl.model.pytorch import PyTorchModel
     from pfl.privacy import CentrallyAppliedPrivacyMechanism, GaussianMechanism
 
-    from fl_app.models import build_model
+    from fl_app.models import build_model, to_compute_layout
 
-    spec = json.loads((replay_dir / "replay.json").read_text())
-    c = spec["config"]
     device = pytorch_ops.get_default_device()
     arrays = np.load(replay_dir / "replay.npz")
     x_all = torch.from_numpy(arrays["x"]).to(device)
@@ -177,10 +184,14 @@ def main() -> int:
     with torch.no_grad():
         for p, i in zip(net.parameters(), range(len(spec["model"]["shapes"])), strict=True):
             p.copy_(torch.from_numpy(arrays[f"w{i}"]))
-    # The app's local optimizer kernels (clients/training.py: foreach, bit-equal to torch's per-tensor loop): the
-    # same step on both sides, not a flag only one of them sets.
+    if step["compute_layout"]:
+        to_compute_layout(net, device)
+    # The replay's SGD kernels (the app's: clients.training.sgd_kernels), so that the same step runs on both sides.
     local_optimizer = functools.partial(
-        torch.optim.SGD, momentum=c["momentum"], weight_decay=c["weight_decay"], foreach=True
+        torch.optim.SGD,
+        momentum=c["momentum"],
+        weight_decay=c["weight_decay"],
+        **step["sgd_kernels"][torch.device(device).type],
     )
     model = PyTorchModel(
         model=net,
@@ -255,7 +266,7 @@ def main() -> int:
         torch.distributed.all_reduce(first, op=torch.distributed.ReduceOp.MIN)
     if int(os.environ.get("RANK", "0")) == 0:
         weights_file = out.with_suffix(".npz")
-        np.savez(weights_file, *[p.detach().cpu().numpy() for p in net.parameters()])
+        np.savez(weights_file, *[p.detach().cpu().contiguous().numpy() for p in net.parameters()])
         summary = {
             "round_seconds": [b - a for a, b in itertools.pairwise(round_ends)],
             "first_step_unix": float(first.cpu()[0]),

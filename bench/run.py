@@ -666,7 +666,7 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             continue
         app, pfl, limit = entry.get("app") or {}, entry.get("pfl") or {}, entry.get("limit") or {}
         lines.append(
-            f"| PEER {name} s/round: app / pfl-research ({peer['cores']}×1 thread) / compute limit | "
+            f"| PEER {name} s/round: app / pfl-research ({peer['cores']}×1 thread, the app's step) / compute limit | "
             f"{_num(app.get('round_s'))} / {_num(pfl.get('round_s'))} / {_num(limit.get('round_s'))} | | |"
         )
         if app.get("runs") and pfl.get("runs"):
@@ -678,6 +678,12 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             f"| PEER {name} app / pfl | **{_num(entry['ratio_app_over_pfl'], '.3f')}** | ≤ {t['ratio_app_over_pfl']} "
             f"| {_met(entry['ratio_app_over_pfl'], t['ratio_app_over_pfl'])} |"
         )
+        if defaults := entry.get("pfl_torch_defaults"):
+            lines.append(
+                f"| PEER {name} pfl with torch's defaults for the step (NCHW, glibc's malloc, default SGD kernels; "
+                f"one run): s/round, and app / it | {_num(defaults.get('round_s'))}, "
+                f"{_num(entry.get('ratio_app_over_pfl_torch_defaults'), '.3f')} | | |"
+            )
         lines.append(
             f"| PEER {name} app / limit (pfl / limit) | **{_num(entry['ratio_app_over_limit'], '.3f')}** "
             f"({_num(entry['ratio_pfl_over_limit'], '.3f')}) | ≤ {t['ratio_app_over_limit']} "

@@ -14,7 +14,8 @@ import torch
 
 from bench.baseline import partition_indices, sampled_partitions, shuffle_generator
 from bench.peer import flower_engine_floor, pooled, round_samples
-from bench.pfl_peer import check_peer_supported, write_replay
+from bench.pfl_peer import check_peer_supported, replay_step, write_replay
+from clients.training import sgd_kernels
 from bench.run import to_markdown
 from fl_app.config import compose_config
 from fl_app.models import build_model_for_dataset, get_weights
@@ -53,6 +54,24 @@ def test_the_replay_is_the_app_s_run(tmp_path: Path) -> None:
     assert round_samples(spec, 2) == [2 * sum(u["samples"] for u in spec["users"] if u["round"] == t) for t in (1, 2)]
 
 
+def test_the_replay_trains_the_app_s_step_unless_told_torch_s_defaults(tmp_path: Path) -> None:
+    """Like with like: pfl is handed the app's compute layout, allocator setting and SGD kernels (one source:
+    the app's own functions), so the timing compares the frameworks; ``torch_defaults`` is pfl without them."""
+    spec = write_replay(compose_config(TINY), 1, tmp_path)
+    assert spec["config"]["step"] == {
+        "name": "app",
+        "compute_layout": True,
+        "keep_freed_memory": True,
+        "sgd_kernels": {"cpu": sgd_kernels("cpu"), "cuda": sgd_kernels("cuda")},
+    }
+    assert sgd_kernels("cpu") == {"fused": True}
+    defaults = replay_step("torch_defaults")
+    assert not defaults["compute_layout"] and not defaults["keep_freed_memory"]
+    assert defaults["sgd_kernels"] == {"cpu": {}, "cuda": {}}
+    with pytest.raises(ValueError, match="step must be one of"):
+        replay_step("fast")
+
+
 def _labels(config) -> torch.Tensor:  # type: ignore[no-untyped-def]
     from fl_app.data.datasets import load_dataset
 
@@ -75,6 +94,8 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
         "ratio_app_over_pfl": 1.25,
         "ratio_app_over_limit": 2.0 / 1.4,
         "ratio_pfl_over_limit": 1.6 / 1.4,
+        "pfl_torch_defaults": {"round_s": 2.2},
+        "ratio_app_over_pfl_torch_defaults": 2.0 / 2.2,
     }
     results = {
         "machine": {"date": "d", "cpu_count": 2, "processor": "x", "cuda": None, "torch": "t"},
@@ -90,6 +111,8 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
     text = to_markdown(results)
     assert "| PEER dp_fedavg app / pfl | **1.250** | ≤ 0.9 | **no** |" in text
     assert "2.00 / 1.60 / 1.40" in text
+    defaults = next(line for line in text.splitlines() if "torch's defaults" in line)
+    assert "| 2.20, 0.909 |" in defaults
     floor = next(line for line in text.splitlines() if "Flower's simulation engine alone" in line)
     assert "2 nodes" in floor and "| 5.2 (7.4) (dp_fedavg app 12.0 / pfl 8.0) |" in floor
     flower_ray = next(line for line in text.splitlines() if "Ray started by Flower's backend" in line)
