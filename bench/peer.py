@@ -17,6 +17,7 @@ the command's start to its first local step.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -24,13 +25,14 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.pfl_peer import pfl_command, pfl_env, write_replay
 from bench.processes import ROOT, PeakRSSMonitor, kill_processes_mentioning, run_env
 from bench.run import _attempt
-from fl_app.config import compose_config
+from fl_app.config import AppConfig, compose_config
 from fl_app.metrics import read_metrics
 
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -59,33 +61,43 @@ from clients.training import sgd_kernels  # the optimizer kernels the app's loca
 kernels = sgd_kernels(device)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=c.momentum, weight_decay=c.weight_decay, **kernels)
 sam = cfg.strategy.name in ("dp_fedsam", "fedsam", "dp_fedsam_topk")
-def step():
+def step(xb, yb):
     opt.zero_grad(set_to_none=True)
-    F.cross_entropy(model(x), y).backward()
+    F.cross_entropy(model(xb), yb).backward()
     if sam:  # the second pass of SAM; the ascent's elementwise work is part of the app's cost, not the limit's
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(xb), yb).backward()
     opt.step()
+def best_step_s(size, count):
+    xb, yb = x[:size].contiguous(), y[:size].contiguous()
+    best = float("inf")
+    for _ in range(3):
+        if device != "cpu": torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(count):
+            step(xb, yb)
+        if device != "cpu": torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t) / count)
+    return best
 for _ in range(10):
-    step()
-best = float("inf")
-for _ in range(3):
-    if device != "cpu": torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        step()
-    if device != "cpu": torch.cuda.synchronize()
-    best = min(best, (time.perf_counter() - t) / steps)
-print(json.dumps({"step_s": best, "batch_size": c.batch_size, "sam": sam}))
+    step(x, y)
+out = {"step_s": best_step_s(c.batch_size, steps), "batch_size": c.batch_size, "sam": sam}
+# The workload's other batch sizes (clients' short last batches), fewer steps each: argv[4], a JSON list.
+sizes = json.loads(sys.argv[4]) if len(sys.argv) > 4 else []
+out["step_s_by_batch"] = {str(b): best_step_s(b, max(steps // 4, 5)) for b in sizes if b != c.batch_size}
+out["step_s_by_batch"][str(c.batch_size)] = out["step_s"]
+print(json.dumps(out))
 """
 
 
-def compute_limit(overrides: list[str], cores: int, steps: int = 60) -> dict[str, Any]:
+def compute_limit(overrides: list[str], cores: int, steps: int = 60, batch_sizes: Sequence[int] = ()) -> dict[str, Any]:
     """Seconds per sample of the run's bare local step on one thread (best of 3 × ``steps`` steps after 10 warm-up
-    steps), and the machine's rate with ``cores`` such threads."""
+    steps), and the machine's rate with ``cores`` such threads; with ``batch_sizes``, the bare step's seconds at each
+    of them too (best of 3 × ``steps // 4``), under ``step_s_by_batch`` (for :func:`workload_floor`)."""
     env = {**os.environ, **THREAD_ENV}
+    sizes = sorted({int(b) for b in batch_sizes})
     proc = subprocess.run(
-        [sys.executable, "-c", _LIMIT_CODE, json.dumps(overrides), str(steps), "cpu"],
+        [sys.executable, "-c", _LIMIT_CODE, json.dumps(overrides), str(steps), "cpu", json.dumps(sizes)],
         cwd=ROOT, env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     step = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -171,6 +183,74 @@ def flower_engine_floor(overrides: list[str], tmp: Path, ray_start: str = "app")
     }
 
 
+def round_floor_plan(config: AppConfig, replay_spec: dict[str, Any], workers: int) -> dict[str, Any]:
+    """bench/flower_floor.py's ``--rounds`` plan from a replay of the app's run: per round the app's cohorts (its
+    split, :func:`strategies.cohorts.balance_cohorts` by :func:`strategies.cohorts.local_work`), each a list of its
+    clients' batch sizes in partition order (E epochs of ⌊n/B⌋ full batches and one of n mod B)."""
+    from bench.baseline import check_supported
+    from fl_app.data.datasets import DATASETS
+    from fl_app.instructions import local_training_config
+    from strategies.cohorts import balance_cohorts, local_work
+
+    use_sam, _ = check_supported(config)
+    training = local_training_config(config, "sam" if use_sam else "sgd")
+    c, info = config.client, DATASETS[config.dataset.name]
+    rounds: dict[int, dict[int, int]] = {}
+    for user in replay_spec["users"]:
+        rounds.setdefault(user["round"], {})[int(user["partition"])] = int(user["samples"])
+    plan = []
+    for t in sorted(rounds):
+        samples = rounds[t]
+        pids = sorted(samples)
+        cohorts = balance_cohorts(pids, [local_work(config, training, pid) for pid in pids], workers)
+        batches = {
+            pid: (([c.batch_size] * (n // c.batch_size)) + ([n % c.batch_size] if n % c.batch_size else []))
+            * c.local_epochs
+            for pid, n in samples.items()
+        }
+        plan.append([[batches[pid] for pid in cohort] for cohort in cohorts])
+    spec = {
+        "model": config.model.name,
+        "model_kwargs": {
+            "num_classes": info.num_classes,
+            "in_channels": info.in_channels,
+            "image_size": info.image_size,
+        },
+        "seed": config.seed,
+        "batch_size": c.batch_size,
+        "lr": c.lr,
+        "momentum": c.momentum,
+        "weight_decay": c.weight_decay,
+        "sam": use_sam,
+    }
+    return {"spec": spec, "rounds": plan}
+
+
+def flower_round_floor(overrides: list[str], tmp: Path, replay_spec: dict[str, Any]) -> dict[str, Any]:
+    """s/round of the least FedAvg on Flower's simulation engine for the app's run (bench/flower_floor.py
+    ``--rounds``: the app's backend config, node count, Ray start and cohorts; the bare local step at each client's
+    batch sizes; the model to each worker and a float32 sum back): the median over the steady rounds, each round
+    from the previous round's end. What any app on Flower's engine costs a round before its own data, bookkeeping
+    and privacy."""
+    from fl_app.main import backend_config, concurrent_workers, simulation_nodes
+
+    config = compose_config(overrides)
+    nodes, workers = simulation_nodes(config), concurrent_workers(config)
+    plan_file = tmp / "flower_round_floor_plan.json"
+    plan_file.write_text(json.dumps(round_floor_plan(config, replay_spec, workers)))
+    out = tmp / "flower_round_floor.json"
+    env = {**run_env(tmp / "env_flower_round_floor"), **THREAD_ENV}
+    cmd = [
+        sys.executable, "-m", "bench.flower_floor", "--rounds", str(plan_file), json.dumps(backend_config(config)),
+        str(nodes), str(workers), str(out),
+    ]  # fmt: skip
+    _run_monitored(cmd, env, tmp / "flower_round_floor.log", env["RAY_TMPDIR"], 1200)
+    ends = json.loads(out.read_text())["round_ends"]
+    rounds = [b - a for a, b in itertools.pairwise(ends)]
+    steady = _steady(rounds, len(rounds))
+    return {"round_s": statistics.median(steady), "round_s_each": steady, "nodes": nodes, "workers": workers}
+
+
 def import_torch_rss_mib(python: str = sys.executable) -> float:
     """Resident MiB of a fresh process that has done nothing but ``import torch`` (with ``python``): what every
     process that trains or evaluates pays before its first tensor (the CUDA wheels load their libraries also on
@@ -188,6 +268,28 @@ def round_samples(replay_spec: dict[str, Any], epochs: int) -> list[int]:
     for user in replay_spec["users"]:
         rows[user["round"]] = rows.get(user["round"], 0) + user["samples"] * epochs
     return [rows.get(t, 0) for t in range(1, max(rows) + 1)]
+
+
+def round_batches(replay_spec: dict[str, Any], epochs: int, batch_size: int) -> list[dict[int, int]]:
+    """Per round, how many local steps its clients take at each batch size: ⌊n/B⌋ full batches and one of n mod B
+    per client and local epoch (the workload's shape, short last batches included)."""
+    rounds: dict[int, dict[int, int]] = {}
+    for user in replay_spec["users"]:
+        counts = rounds.setdefault(user["round"], {})
+        full, short = divmod(int(user["samples"]), batch_size)
+        if full:
+            counts[batch_size] = counts.get(batch_size, 0) + full * epochs
+        if short:
+            counts[short] = counts.get(short, 0) + epochs
+    return [rounds.get(t, {}) for t in range(1, max(rounds) + 1)]
+
+
+def workload_floor(batches: list[dict[int, int]], step_s_by_batch: dict[str, float], cores: int) -> list[float]:
+    """Per round, the least time its local training can take on ``cores`` one-thread cores: every step of its
+    clients at the bare step's speed for its batch size (:func:`compute_limit`), the sum spread perfectly over the
+    cores — no framework, no data movement, no bookkeeping, no imbalance. Any framework that trains these clients
+    with this step on these cores takes at least this long a round."""
+    return [sum(n * step_s_by_batch[str(b)] for b, n in counts.items()) / cores for counts in batches]
 
 
 def _steady(values: list[float], num_rounds: int) -> list[float]:
@@ -275,7 +377,9 @@ def pfl_contender(
         "device": summary["device"],
         "model_file": summary["weights_file"],
         "round_samples": round_samples(spec, int(spec["config"]["local_epochs"])),
+        "round_batches": round_batches(spec, int(spec["config"]["local_epochs"]), int(spec["config"]["batch_size"])),
         "step": step,
+        "replay_spec": {"users": spec["users"]},
     }
 
 
@@ -343,8 +447,9 @@ def cpu_peer(
     """The P2 configuration on this machine's cores, per strategy: the app (its CPU default), pfl with ``procs``
     one-thread workers training the app's local step, and the compute limit; every s/round also as a ratio to the
     limit. Each contender runs ``repeats`` times, the two alternating (pfl first, then the app first, ...), so that a
-    slow spell of the machine does not fall on one side only; their runs are :func:`pooled`. Then pfl once more with
-    torch's defaults for the step (``pfl_torch_defaults``: what the app's step set-up is worth to a pfl user)."""
+    slow spell of the machine does not fall on one side only; their runs are :func:`pooled`. Then the least FedAvg on
+    Flower's engine for the same rounds (:func:`flower_round_floor`), and pfl once more with torch's defaults for the
+    step (``pfl_torch_defaults``: what the app's step set-up is worth to a pfl user)."""
     from bench.run import with_overrides
 
     errors: dict[str, str] = {}
@@ -372,20 +477,32 @@ def cpu_peer(
                     done = _attempt(f"{name}/{label}", errors, app_contender, run, num_rounds, part, label)
                 if done is not None:
                     runs[side].append(done)
+        replays = [done.pop("replay_spec") for done in runs["pfl"]]  # the schedule, not a result
         entry["pfl"], entry["app"] = pooled(runs["pfl"]), pooled(runs["app"])
+        if replays:
+            entry["flower_round_floor"] = _attempt(
+                f"{name}/flower_round_floor", errors, flower_round_floor, run, part, replays[0]
+            )
         entry["pfl_torch_defaults"] = _attempt(
             f"{name}/pfl_torch_defaults", errors, pfl_contender, run, num_rounds, part, "pfl_torch_defaults",
             python, procs, "cpu", "torch_defaults",
         )  # fmt: skip
-        limit = _attempt(f"{name}/limit", errors, compute_limit, run, procs)
+        if entry["pfl_torch_defaults"]:
+            entry["pfl_torch_defaults"].pop("replay_spec")
+        batches = _steady(entry["pfl"]["round_batches"], num_rounds) if entry["pfl"] else []
+        sizes = sorted({b for counts in batches for b in counts})
+        limit = _attempt(f"{name}/limit", errors, compute_limit, run, procs, 60, sizes)
         entry["limit"] = limit
         if limit and entry["pfl"]:
             samples = _steady(entry["pfl"]["round_samples"], num_rounds)
             per_round = [n / limit["samples_per_s_machine"] for n in samples]
             limit["round_s"] = statistics.median(per_round)
+            limit["workload_round_s"] = statistics.median(workload_floor(batches, limit["step_s_by_batch"], procs))
         entry["ratio_app_over_pfl"] = _ratio(entry["app"], entry["pfl"])
         entry["ratio_app_over_pfl_torch_defaults"] = _ratio(entry["app"], entry["pfl_torch_defaults"])
+        entry["ratio_flower_round_floor_over_pfl"] = _ratio(entry.get("flower_round_floor"), entry["pfl"])
         entry["ratio_app_over_limit"] = _ratio(entry["app"], limit)
+        entry["ratio_workload_floor_over_pfl"] = _ratio(limit, entry["pfl"], "workload_round_s") if limit else None
         entry["ratio_pfl_over_limit"] = _ratio(entry["pfl"], limit)
         result[name] = entry
     if errors:

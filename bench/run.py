@@ -689,6 +689,25 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
             f"({_num(entry['ratio_pfl_over_limit'], '.3f')}) | ≤ {t['ratio_app_over_limit']} "
             f"| {_met(entry['ratio_app_over_limit'], t['ratio_app_over_limit'])} |"
         )
+        if (engine := entry.get("flower_round_floor")) is not None:
+            ratio = entry.get("ratio_flower_round_floor_over_pfl")
+            reach = "" if ratio is None else (
+                "out of reach on Flower's engine" if ratio > t["ratio_app_over_pfl"] else "within reach"
+            )  # fmt: skip
+            lines.append(
+                f"| PEER {name} Flower's engine floor (the least FedAvg on it, run as the app runs it, for these "
+                f"rounds and cohorts: the bare step at each client's batch sizes, the model out and a float32 sum "
+                f"back; one run): s/round, and floor / pfl | {_num(engine.get('round_s'))}, **{_num(ratio, '.3f')}** "
+                f"| app / pfl ≤ {t['ratio_app_over_pfl']} needs floor / pfl below it | {reach} |"
+            )
+        if (floor := entry.get("ratio_workload_floor_over_pfl")) is not None:
+            reach = "out of reach for any framework" if floor > t["ratio_app_over_pfl"] else "within reach"
+            lines.append(
+                f"| PEER {name} workload floor (every local step of the steady rounds' clients at the bare step's "
+                f"speed for its batch size, spread perfectly over the cores; no framework): s/round, and floor / pfl "
+                f"| {_num(limit.get('workload_round_s'))}, **{_num(floor, '.3f')}** "
+                f"| app / pfl ≤ {t['ratio_app_over_pfl']} needs floor / pfl below it | {reach} |"
+            )
         lines.append(
             f"| PEER {name} command → first local step, app / pfl (s) | {_num(app.get('startup_s'), '.1f')} / "
             f"{_num(pfl.get('startup_s'), '.1f')} | ≤ {t['startup_s']:.0f} and below pfl | "

@@ -13,10 +13,19 @@ import pytest
 import torch
 
 from bench.baseline import partition_indices, sampled_partitions, shuffle_generator
-from bench.peer import flower_engine_floor, pooled, round_samples
+from bench.peer import (
+    compute_limit,
+    flower_engine_floor,
+    flower_round_floor,
+    pooled,
+    round_batches,
+    round_floor_plan,
+    round_samples,
+    workload_floor,
+)
 from bench.pfl_peer import check_peer_supported, replay_step, write_replay
-from clients.training import sgd_kernels
 from bench.run import to_markdown
+from clients.training import sgd_kernels
 from fl_app.config import compose_config
 from fl_app.models import build_model_for_dataset, get_weights
 
@@ -52,6 +61,11 @@ def test_the_replay_is_the_app_s_run(tmp_path: Path) -> None:
     initial = get_weights(build_model_for_dataset("cnn", "fashion_mnist", seed=config.seed))
     assert all(np.array_equal(arrays[f"w{i}"], w) for i, w in enumerate(initial))
     assert round_samples(spec, 2) == [2 * sum(u["samples"] for u in spec["users"] if u["round"] == t) for t in (1, 2)]
+    batches = round_batches(spec, 2, config.client.batch_size)
+    for t, counts in zip((1, 2), batches, strict=True):  # two epochs of every client's batches, short ones included
+        assert sum(b * n for b, n in counts.items()) == round_samples(spec, 2)[t - 1]
+        steps = sum(2 * -(-u["samples"] // config.client.batch_size) for u in spec["users"] if u["round"] == t)
+        assert sum(counts.values()) == steps
 
 
 def test_the_replay_trains_the_app_s_step_unless_told_torch_s_defaults(tmp_path: Path) -> None:
@@ -72,6 +86,49 @@ def test_the_replay_trains_the_app_s_step_unless_told_torch_s_defaults(tmp_path:
         replay_step("fast")
 
 
+def test_the_workload_floor_spreads_every_step_at_its_batch_size_over_the_cores() -> None:
+    # Clients of 70 and 40 samples at B = 32, one epoch: batches 32, 32, 6 and 32, 8.
+    spec = {"users": [{"round": 1, "samples": 70}, {"round": 1, "samples": 40}, {"round": 2, "samples": 32}]}
+    batches = round_batches(spec, 1, 32)
+    assert batches == [{32: 3, 6: 1, 8: 1}, {32: 1}]
+    step_s = {"32": 0.016, "6": 0.004, "8": 0.005}
+    assert workload_floor(batches, step_s, 2) == pytest.approx([(3 * 0.016 + 0.004 + 0.005) / 2, 0.016 / 2])
+
+
+def test_the_round_floor_trains_the_app_s_cohorts_at_their_clients_batch_sizes(tmp_path: Path) -> None:
+    from fl_app.instructions import local_training_config
+    from strategies.cohorts import balance_cohorts, local_work
+
+    config = compose_config(TINY)
+    spec = write_replay(config, 2, tmp_path)
+    plan = round_floor_plan(config, spec, 2)
+    assert plan["spec"]["sam"] and plan["spec"]["batch_size"] == config.client.batch_size
+    training = local_training_config(config, "sam")
+    for t, cohorts in zip((1, 2), plan["rounds"], strict=True):
+        pids = sampled_partitions(config, t)
+        expected = balance_cohorts(pids, [local_work(config, training, pid) for pid in pids], 2)
+        assert len(cohorts) == len(expected)
+        for cohort, want in zip(cohorts, expected, strict=True):
+            assert [sum(sizes) for sizes in cohort] == [2 * len(partition_indices(config, pid)) for pid in want]
+
+
+def test_the_round_floor_runs_its_rounds_on_flower_s_engine(tmp_path: Path) -> None:
+    """bench/flower_floor.py --rounds through Flower's real simulation engine: every planned round completes."""
+    config = compose_config(TINY)
+    spec = write_replay(config, 4, tmp_path / "replay")
+    floor = flower_round_floor(TINY, tmp_path, spec)
+    assert floor["nodes"] == floor["workers"] >= 1
+    assert len(floor["round_s_each"]) == 1  # rounds 3..T-1 of 4
+    assert 0.0 < floor["round_s"] < 60
+
+
+def test_the_compute_limit_times_the_step_at_every_batch_size_asked() -> None:
+    limit = compute_limit(["strategy=dp_fedavg"], cores=2, steps=8, batch_sizes=[6, 32])
+    assert set(limit["step_s_by_batch"]) == {"6", "32"}
+    assert limit["step_s_by_batch"]["32"] == limit["step_s"] > 0
+    assert limit["samples_per_s_machine"] == pytest.approx(2 * limit["samples_per_s_one_thread"])
+
+
 def _labels(config) -> torch.Tensor:  # type: ignore[no-untyped-def]
     from fl_app.data.datasets import load_dataset
 
@@ -90,11 +147,14 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
     entry = {
         "app": {"round_s": 2.0, "startup_s": 12.0, "peak_rss_mib": 4000.0},
         "pfl": {"round_s": 1.6, "startup_s": 8.0, "peak_rss_mib": 3000.0},
-        "limit": {"round_s": 1.4, "samples_per_s_one_thread": 880.0},
+        "limit": {"round_s": 1.4, "samples_per_s_one_thread": 880.0, "workload_round_s": 1.5},
         "ratio_app_over_pfl": 1.25,
         "ratio_app_over_limit": 2.0 / 1.4,
         "ratio_pfl_over_limit": 1.6 / 1.4,
         "pfl_torch_defaults": {"round_s": 2.2},
+        "ratio_workload_floor_over_pfl": 1.5 / 1.6,
+        "flower_round_floor": {"round_s": 1.5},
+        "ratio_flower_round_floor_over_pfl": 1.5 / 1.6,
         "ratio_app_over_pfl_torch_defaults": 2.0 / 2.2,
     }
     results = {
@@ -113,6 +173,10 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
     assert "2.00 / 1.60 / 1.40" in text
     defaults = next(line for line in text.splitlines() if "torch's defaults" in line)
     assert "| 2.20, 0.909 |" in defaults
+    engine = next(line for line in text.splitlines() if "Flower's engine floor" in line)
+    assert "| 1.50, **0.938** |" in engine and engine.endswith("| out of reach on Flower's engine |")
+    floor = next(line for line in text.splitlines() if "workload floor" in line)
+    assert "| 1.50, **0.938** |" in floor and floor.endswith("| out of reach for any framework |")
     floor = next(line for line in text.splitlines() if "Flower's simulation engine alone" in line)
     assert "2 nodes" in floor and "| 5.2 (7.4) (dp_fedavg app 12.0 / pfl 8.0) |" in floor
     flower_ray = next(line for line in text.splitlines() if "Ray started by Flower's backend" in line)
