@@ -231,7 +231,8 @@ def flower_round_floor(overrides: list[str], tmp: Path, replay_spec: dict[str, A
     ``--rounds``: the app's backend config, node count, Ray start and cohorts; the bare local step at each client's
     batch sizes; the model to each worker and a float32 sum back): the median over the steady rounds, each round
     from the previous round's end. What any app on Flower's engine costs a round before its own data, bookkeeping
-    and privacy."""
+    and privacy; and the peak resident memory of all its processes (Ray's daemons, the workers, a driver that has
+    imported torch, as the app's evaluates with it)."""
     from fl_app.main import backend_config, concurrent_workers, simulation_nodes
 
     config = compose_config(overrides)
@@ -244,11 +245,18 @@ def flower_round_floor(overrides: list[str], tmp: Path, replay_spec: dict[str, A
         sys.executable, "-m", "bench.flower_floor", "--rounds", str(plan_file), json.dumps(backend_config(config)),
         str(nodes), str(workers), str(out),
     ]  # fmt: skip
-    _run_monitored(cmd, env, tmp / "flower_round_floor.log", env["RAY_TMPDIR"], 1200)
+    _, monitor = _run_monitored(cmd, env, tmp / "flower_round_floor.log", env["RAY_TMPDIR"], 1200)
     ends = json.loads(out.read_text())["round_ends"]
     rounds = [b - a for a, b in itertools.pairwise(ends)]
     steady = _steady(rounds, len(rounds))
-    return {"round_s": statistics.median(steady), "round_s_each": steady, "nodes": nodes, "workers": workers}
+    return {
+        "round_s": statistics.median(steady),
+        "round_s_each": steady,
+        "nodes": nodes,
+        "workers": workers,
+        "peak_rss_mib": monitor.peak / 2**20,
+        "peak_rss_by_kind_mib": monitor.peak_by_kind,
+    }
 
 
 def import_torch_rss_mib(python: str = sys.executable) -> float:
@@ -389,6 +397,21 @@ def _ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, key: str = "round
     return float(a[key] / b[key])
 
 
+def peer_ratios(entry: dict[str, Any]) -> dict[str, float | None]:
+    """A strategy's ratios from its contenders' s/round (``round_s``; the limit's ``workload_round_s`` for the
+    workload floor): None where a side is missing."""
+    app, pfl, limit = entry.get("app"), entry.get("pfl"), entry.get("limit")
+    workload = {"round_s": limit.get("workload_round_s")} if limit else None
+    return {
+        "ratio_app_over_pfl": _ratio(app, pfl),
+        "ratio_app_over_pfl_torch_defaults": _ratio(app, entry.get("pfl_torch_defaults")),
+        "ratio_flower_round_floor_over_pfl": _ratio(entry.get("flower_round_floor"), pfl),
+        "ratio_workload_floor_over_pfl": _ratio(workload, pfl),
+        "ratio_app_over_limit": _ratio(app, limit),
+        "ratio_pfl_over_limit": _ratio(pfl, limit),
+    }
+
+
 def gpu_peer(overrides: list[str], num_rounds: int, tmp: Path, python: str) -> dict[str, Any]:
     """The papers' scale on one GPU, fixed-size cohorts: the app in cohort mode (vectorized engine, the whole GPU)
     against pfl (one worker on the GPU, clients one after another) and the batched loop (bench/batched.py)."""
@@ -498,12 +521,7 @@ def cpu_peer(
             per_round = [n / limit["samples_per_s_machine"] for n in samples]
             limit["round_s"] = statistics.median(per_round)
             limit["workload_round_s"] = statistics.median(workload_floor(batches, limit["step_s_by_batch"], procs))
-        entry["ratio_app_over_pfl"] = _ratio(entry["app"], entry["pfl"])
-        entry["ratio_app_over_pfl_torch_defaults"] = _ratio(entry["app"], entry["pfl_torch_defaults"])
-        entry["ratio_flower_round_floor_over_pfl"] = _ratio(entry.get("flower_round_floor"), entry["pfl"])
-        entry["ratio_app_over_limit"] = _ratio(entry["app"], limit)
-        entry["ratio_workload_floor_over_pfl"] = _ratio(limit, entry["pfl"], "workload_round_s") if limit else None
-        entry["ratio_pfl_over_limit"] = _ratio(entry["pfl"], limit)
+        entry.update(peer_ratios(entry))
         result[name] = entry
     if errors:
         result["errors"] = errors

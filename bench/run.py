@@ -700,6 +700,19 @@ def _peer_rows(peer: dict[str, Any]) -> list[str]:
                 f"back; one run): s/round, and floor / pfl | {_num(engine.get('round_s'))}, **{_num(ratio, '.3f')}** "
                 f"| app / pfl ≤ {t['ratio_app_over_pfl']} needs floor / pfl below it | {reach} |"
             )
+            if engine.get("peak_rss_mib"):
+                lines.append(
+                    f"| PEER {name} Flower's engine floor: peak RSS all processes (MiB), and by kind | "
+                    f"{_num(engine['peak_rss_mib'], '.0f')}: "
+                    + ", ".join(f"{k} {v:.0f}" for k, v in (engine.get("peak_rss_by_kind_mib") or {}).items())
+                    + f" | ≤ {t['peak_rss_mib']:.0f} needs it below | "
+                    + (
+                        "out of reach on Flower's engine"
+                        if engine["peak_rss_mib"] > t["peak_rss_mib"]
+                        else "within reach"
+                    )
+                    + " |"
+                )
         if (floor := entry.get("ratio_workload_floor_over_pfl")) is not None:
             reach = "out of reach for any framework" if floor > t["ratio_app_over_pfl"] else "within reach"
             lines.append(

@@ -17,6 +17,7 @@ from bench.peer import (
     compute_limit,
     flower_engine_floor,
     flower_round_floor,
+    peer_ratios,
     pooled,
     round_batches,
     round_floor_plan,
@@ -181,6 +182,28 @@ def test_the_peer_rows_state_ratios_against_their_targets() -> None:
     assert "2 nodes" in floor and "| 5.2 (7.4) (dp_fedavg app 12.0 / pfl 8.0) |" in floor
     flower_ray = next(line for line in text.splitlines() if "Ray started by Flower's backend" in line)
     assert flower_ray.endswith("| 6.3 (8.1) | | |")
+
+
+def test_every_ratio_divides_its_own_pair() -> None:
+    entry = {
+        "app": {"round_s": 0.8},
+        "pfl": {"round_s": 0.72},
+        "pfl_torch_defaults": {"round_s": 0.9},
+        "flower_round_floor": {"round_s": 0.75},
+        "limit": {"round_s": 0.55, "workload_round_s": 0.6},
+    }
+    ratios = peer_ratios(entry)
+    assert ratios == pytest.approx(
+        {
+            "ratio_app_over_pfl": 0.8 / 0.72,
+            "ratio_app_over_pfl_torch_defaults": 0.8 / 0.9,
+            "ratio_flower_round_floor_over_pfl": 0.75 / 0.72,
+            "ratio_workload_floor_over_pfl": 0.6 / 0.72,
+            "ratio_app_over_limit": 0.8 / 0.55,
+            "ratio_pfl_over_limit": 0.72 / 0.55,
+        }
+    )
+    assert peer_ratios({"app": {"round_s": 0.8}, "pfl": None, "limit": None})["ratio_app_over_pfl"] is None
 
 
 def test_repeated_runs_pool_into_one_contender() -> None:
