@@ -20,8 +20,9 @@ its clients' batch sizes). The ServerApp sends each worker the model (an ``Array
 ClientApp trains every client of it from the model with the bare local step (the compute limit's: forward,
 backward and the app's SGD step — SAM's two passes for SAM — at the client's batch sizes, on one fixed random
 batch: no data, no shuffle, no bookkeeping, no privacy) and replies with the float32 sum of the clients' updates;
-the server adds the average to the model. ``OUT_JSON`` gets the Unix time of every round's end: what Flower's
-engine, its messages, the cohorts' imbalance and the bare steps cost a round, and nothing else.
+the server (which imports no torch) adds the average to the model. ``OUT_JSON`` gets the Unix time of every
+round's end: what Flower's engine, its messages, the cohorts' imbalance and the bare steps cost a round, and
+nothing else.
 """
 
 from __future__ import annotations
@@ -118,11 +119,13 @@ def round_server(plan: dict[str, Any], workers: int, result: dict[str, Any]) -> 
     def _main(grid: Grid, context: Context) -> None:
         import numpy as np
 
-        from fl_app.models import build_model, get_weights
         from strategies.messaging import send_and_receive
 
         spec = plan["spec"]
-        weights = get_weights(build_model(spec["model"], seed=spec["seed"], **spec["model_kwargs"]))
+        # The model's shapes from the plan, its values from NumPy: the server imports no torch (an app whose server
+        # evaluates nothing needs none), and the step's cost does not depend on the weights' values.
+        rng = np.random.default_rng(spec["seed"])
+        weights = [(0.01 * rng.standard_normal(shape)).astype(np.float32) for shape in spec["shapes"]]
         nodes: list[int] = []
         while len(nodes) < workers:
             nodes = sorted(grid.get_node_ids())[:workers]

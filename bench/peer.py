@@ -5,9 +5,14 @@
   samples × local epochs × (seconds per sample on one thread) / cores — every core busy with nothing but that
   step, perfectly balanced, no framework, no data movement. On a GPU: the whole round on one device is bounded
   below by the batched loop (bench/batched.py), which trains every client of the round at once.
+* **Workload floor** (:func:`workload_floor`): every local step of a round at the bare step's speed for its batch
+  size (short last batches included), spread perfectly over the cores.
 * **The peer** (bench/pfl_peer.py): pfl-research replaying the app's run — the same clients, mini-batches,
-  initial weights, step, C and σ — under ``torchrun`` with P processes of one thread (CPU) or one process on the
-  GPU (pfl runs one worker per GPU, each worker's clients one after another).
+  initial weights, step (set up as the app's workers set it up), C and σ — under ``torchrun`` with P processes of
+  one thread (CPU) or one process on the GPU (pfl runs one worker per GPU, each worker's clients one after
+  another); on the CPU once more with torch's defaults for the step.
+* **Flower's engine floors** (bench/flower_floor.py): to the first local step (:func:`flower_engine_floor`) and a
+  round (:func:`flower_round_floor`: the least FedAvg on Flower's engine for the app's rounds and cohorts).
 * **The app** through its Hydra entry point, every process pinned to one BLAS/OpenMP thread.
 
 Each contender is a fresh command; its peak resident memory is summed over every process it starts (the app's
@@ -209,8 +214,12 @@ def round_floor_plan(config: AppConfig, replay_spec: dict[str, Any], workers: in
             for pid, n in samples.items()
         }
         plan.append([[batches[pid] for pid in cohort] for cohort in cohorts])
+    from fl_app.models import build_model_for_dataset, weight_shapes
+
+    shapes = weight_shapes(build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed))
     spec = {
         "model": config.model.name,
+        "shapes": [list(shape) for shape in shapes],
         "model_kwargs": {
             "num_classes": info.num_classes,
             "in_channels": info.in_channels,
@@ -231,8 +240,8 @@ def flower_round_floor(overrides: list[str], tmp: Path, replay_spec: dict[str, A
     ``--rounds``: the app's backend config, node count, Ray start and cohorts; the bare local step at each client's
     batch sizes; the model to each worker and a float32 sum back): the median over the steady rounds, each round
     from the previous round's end. What any app on Flower's engine costs a round before its own data, bookkeeping
-    and privacy; and the peak resident memory of all its processes (Ray's daemons, the workers, a driver that has
-    imported torch, as the app's evaluates with it)."""
+    and privacy; and the peak resident memory of all its processes (Ray's daemons, the workers, a driver without
+    torch)."""
     from fl_app.main import backend_config, concurrent_workers, simulation_nodes
 
     config = compose_config(overrides)

@@ -23,11 +23,13 @@ comparison is a ratio of two measurements taken side by side in this one invocat
 * **PEER** (``--peer pfl``; issue 22) — the app against pfl-research and the machine's compute limit, for
   DP-FedAvg and DP-FedSAM on the P2 config (bench/peer.py): s/round, command → first local step and peak RSS of
   every process of the app (its CPU default) and of pfl (P one-thread ``torchrun`` workers replaying the app's
-  clients, mini-batches and initial weights, bench/pfl_peer.py), each run twice (``--peer-repeats``), the two
-  alternating, and pooled (s/round: the median over every steady round of every run); each s/round also as a
+  clients, mini-batches, initial weights and local step, bench/pfl_peer.py), each run twice (``--peer-repeats``),
+  the two alternating, and pooled (s/round: the median over every steady round of every run); each s/round also as a
   ratio to the limit (the run's bare local step on one thread × the cores), and the CPU seconds every process used
-  by the first local step (÷ the cores: the least startup they allow). Targets: app / pfl ≤ 0.90, app / limit
-  ≤ 1.15, startup ≤ 10 s and below pfl's, peak RSS ≤ 3 GB. With a GPU, ``--peer pfl --only GPU`` adds
+  by the first local step (÷ the cores: the least startup they allow); then Flower's engine floors (startup and
+  round), the workload floor and pfl with torch's defaults for the step, which say which targets any app on Flower's
+  engine can reach. Targets: app / pfl ≤ 0.90, app / limit ≤ 1.15, startup ≤ 10 s and below pfl's, peak RSS
+  ≤ 3 GB. With a GPU, ``--peer pfl --only GPU`` adds
   bench/peer.py's GPU case.
 * **GPU** (``--only GPU``; in the default set when torch sees a CUDA device) — the papers' scale on one GPU:
   Fashion-MNIST 20k-image subset, ``+scale=paper`` (30 local epochs, ASAM ρ = 0.5, C = 0.2, σ = 0.95) with
