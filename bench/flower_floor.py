@@ -132,6 +132,8 @@ def round_server(plan: dict[str, Any], workers: int, result: dict[str, Any]) -> 
             time.sleep(0.01)
         result["round_ends"] = [time.time()]
         for cohorts in plan["rounds"]:
+            if len(cohorts) > len(nodes):
+                raise ValueError(f"flower_floor: a round of {len(cohorts)} cohorts for {len(nodes)} workers")
             messages = [
                 Message(
                     RecordDict(

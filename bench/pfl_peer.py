@@ -19,8 +19,9 @@
    them (NCHW, glibc's defaults, ``torch.optim.SGD``'s default kernels): what those choices are worth.
 
 ``--check`` (σ forced to 0, 2 rounds) compares pfl's final model with bench/baseline.py's (the app's plain-loop
-reference, equal to the app bit for bit by tests/integration/test_app_equals_baseline.py): both sides must agree
-to float tolerance, so the timing compares the same computation. Fixed-size sampling only (pfl's cohort size is
+reference, equal to the app bit for bit by
+``tests/integration/test_simulation.py::test_app_equals_the_plain_pytorch_loop``): both sides must agree to float
+tolerance, so the timing compares the same computation. Fixed-size sampling only (pfl's cohort size is
 a constant), server-side noise, fixed clipping, dense updates: the DP-FedAvg / DP-FedSAM configurations.
 """
 
