@@ -104,8 +104,11 @@ class SAM(torch.optim.Optimizer):
     def first_step(self, zero_grad: bool = True) -> None:
         """Ascent step w ← w + e (Eq. 8), using the gradients currently stored in ``p.grad``.
 
-        The original weights are copied so that ``second_step``/``restore`` put them back bit-exactly
-        (subtracting e again would accumulate rounding error over many steps).
+        w + e is written into a buffer of the parameter's shape and strides, kept from step to step, and the
+        parameter is pointed at it (``p.data``); the unperturbed tensor is kept aside, so ``second_step``/``restore``
+        put w back bit-exactly by pointing the parameter at it again (subtracting e would accumulate rounding error
+        over many steps), without copying the weights either way. The buffer holds g·s (ASAM: ·w²) plus w, the
+        same floating-point operations as w + e computed in place, so the perturbed weights are the same bits.
         """
         if self._perturbed:
             raise RuntimeError("first_step() called twice without second_step()/restore() in between")
@@ -117,15 +120,22 @@ class SAM(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 state = self.state[p]
-                old_p = state.get("old_p")
-                if old_p is None or old_p.shape != p.shape or old_p.device != p.device:
-                    state["old_p"] = p.detach().clone()
-                else:
-                    old_p.copy_(p)
-                e_w = p.grad * scale.to(device=p.device, dtype=p.dtype)
+                buffer = state.get("perturbed")
+                if (
+                    buffer is None
+                    or buffer.shape != p.shape
+                    or buffer.stride() != p.stride()
+                    or buffer.dtype != p.dtype
+                    or buffer.device != p.device
+                ):
+                    buffer = state["perturbed"] = torch.empty_like(p.data, memory_format=torch.preserve_format)
+                # e = g·s (ASAM: g·s·w²), then e + w: addition commutes exactly, so these are w + e's bits.
+                torch.mul(p.grad, scale.to(device=p.device, dtype=p.dtype), out=buffer)
                 if group["adaptive"]:
-                    e_w.mul_(p.square())
-                p.add_(e_w)
+                    buffer.mul_(p.square())
+                buffer.add_(p)
+                state["old_p"] = p.data
+                p.data = buffer
                 self._perturbed.append(p)
         if zero_grad:
             self.zero_grad()
@@ -134,7 +144,8 @@ class SAM(torch.optim.Optimizer):
     def restore(self) -> None:
         """Undo ``first_step`` without taking a base step (e.g. when the perturbed loss is not finite)."""
         for p in self._perturbed:
-            p.copy_(self.state[p]["old_p"])
+            state = self.state[p]
+            p.data = state.pop("old_p")
         self._perturbed = []
 
     @torch.no_grad()

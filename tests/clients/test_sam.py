@@ -229,6 +229,35 @@ def test_step_order_is_enforced_and_restore_is_exact() -> None:
     assert torch.equal(w.detach(), w0)
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_the_perturbed_weights_are_w_plus_e_in_place_and_w_comes_back_in_its_own_storage(adaptive: bool) -> None:
+    """first_step writes w + e into a buffer the parameter points at: the same bits as adding e in place (float32,
+    a channels-last weight), the parameter's layout kept; second_step points it back at w's own storage (no copy,
+    so the optimizer updates the tensor the model had) and takes the base step there."""
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(8, 4, 3, 3, generator=gen).contiguous(memory_format=torch.channels_last)
+    w = nn.Parameter(weight.clone(memory_format=torch.preserve_format))
+    grad = torch.randn(8, 4, 3, 3, generator=gen)
+    sam = SAM([w], torch.optim.SGD, rho=0.3, adaptive=adaptive, lr=0.1, momentum=0.5)
+    storage = w.data_ptr()
+    for _ in range(2):  # the second step reuses the buffer
+        w.grad = grad.clone()
+        before = w.detach().clone(memory_format=torch.preserve_format)
+        scale = 0.3 / (torch.linalg.vector_norm(w.abs() * grad if adaptive else grad) + 1e-12)
+        expected = before.clone(memory_format=torch.preserve_format)
+        e = grad * scale
+        if adaptive:
+            e.mul_(before.square())
+        expected.add_(e)
+        sam.first_step(zero_grad=False)
+        assert torch.equal(w.detach(), expected)
+        assert w.is_contiguous(memory_format=torch.channels_last)
+        sam.second_step(zero_grad=False)
+        assert w.data_ptr() == storage
+        assert w.is_contiguous(memory_format=torch.channels_last)
+        assert not torch.equal(w.detach(), before)  # the base step moved w itself
+
+
 def test_zero_gradient_gives_no_perturbation_and_no_nan() -> None:
     w = nn.Parameter(_vec([1.0, 2.0]))
     sam = SAM([w], torch.optim.SGD, rho=0.5, lr=0.1)
