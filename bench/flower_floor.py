@@ -7,15 +7,15 @@ by Flower's backend (``flower``: a job runtime_env, so the actors wait for fresh
 that sends one train message to each of ``WORKERS`` nodes (the actor pool's size) as soon as they are registered,
 and a ClientApp that imports torch (as every ClientApp worker that trains does) and notes the time before one tiny
 step. Nothing of the app is imported: no config, no data, no model, no strategy. ``OUT_JSON`` gets
-``first_step_unix`` (the earliest worker's); bench/peer.py times it from the command's start.
+``first_step_unix`` (the earliest worker's); bench/floors.py times it from the command's start.
 
 Against pfl-research's command → first local step this says whether "below pfl" is reachable at all inside
 Flower's Ray engine; against the app's it says how much of the app's startup is its own.
 
 ``python -m bench.flower_floor --rounds PLAN_JSON BACKEND_CONFIG_JSON NODES WORKERS OUT_JSON`` is the same for a
 round: the least FedAvg on Flower's engine, run as the app runs it (its Ray start, its prompt delivery of messages
-and replies: fl_app/delivery.py, strategies/messaging.py), for the workload of ``PLAN_JSON`` (bench/peer.py's
-:func:`~bench.peer.flower_round_floor` writes it from the app's run: per round, the app's cohorts, each a list of
+and replies: fl_app/delivery.py, strategies/messaging.py), for the workload of ``PLAN_JSON`` (bench/floors.py's
+:func:`~bench.floors.flower_round_floor` writes it from the app's run: per round, the app's cohorts, each a list of
 its clients' batch sizes). The ServerApp sends each worker the model (an ``ArrayRecord``) and its cohort; the
 ClientApp trains every client of it from the model with the bare local step (the compute limit's: forward,
 backward and the app's SGD step — SAM's two passes for SAM — at the client's batch sizes, on one fixed random

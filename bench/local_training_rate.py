@@ -4,7 +4,7 @@
 freed memory kept as in the app's workers), samples/s of
 
 * the bare step — forward, backward and the app's SGD step (its kernels, :func:`clients.training.sgd_kernels`) on
-  one fixed batch of 32 (the compute limit's step, bench/peer.py);
+  one fixed batch of 32 (the compute limit's step, bench/floors.py);
 * ``clients.training.train_local`` over the first ``--clients`` clients of the P2 partition (Fashion-MNIST, M = 500,
   Dirichlet 0.6), one epoch, batch 32: real clients, with their partial last batches, a fresh gathered mini-batch
   every step and the loop's bookkeeping.

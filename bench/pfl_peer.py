@@ -47,7 +47,7 @@ from bench.baseline import (
     sampled_partitions,
     shuffle_generator,
 )
-from bench.processes import ROOT
+from bench.processes import ROOT, THREAD_ENV
 from clients.training import sgd_kernels
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import DATASETS, load_dataset
@@ -59,7 +59,6 @@ PEER_DIR = ROOT / ".bench-peer"
 #: different orders and precisions (pfl float32 per worker, the reference float64), so agreement is to float
 #: tolerance, not bit for bit.
 EQUIVALENCE_ATOL = 1e-5
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 #: The local steps a replay can train with (module docstring, item 4).
 STEPS = ("app", "torch_defaults")
 

@@ -24,6 +24,8 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Every benchmarked process runs its BLAS and OpenMP on one thread (torch's own threads are set per process).
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 BIN = Path(sys.executable).parent
 
 
@@ -268,3 +270,24 @@ def _rss_mib_by_kind(by_kind: dict[str, list[psutil.Process]]) -> dict[str, floa
             with contextlib.suppress(psutil.Error):
                 grouped[kind] = grouped.get(kind, 0.0) + proc.memory_info().rss / 2**20
     return grouped
+
+
+def run_monitored(
+    cmd: list[str], env: dict[str, str], log: Path, marker: str, timeout: float
+) -> tuple[float, PeakRSSMonitor]:
+    """Run ``cmd``; returns (command start Unix time, the monitor of every process it started: peak RSS summed over
+    them, at that peak the MiB of each kind of process — driver, each Ray daemon, workers — and their CPU seconds
+    over time)."""
+    start = time.time()
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            with PeakRSSMonitor(proc.pid, marker=marker) as monitor:
+                proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            kill_processes_mentioning(marker)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}); see {log}")
+    return start, monitor

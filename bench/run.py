@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.processes import ROOT, PeakRSSMonitor, kill_processes_mentioning, run_env, simulation_superlink
+from bench.processes import ROOT, THREAD_ENV, PeakRSSMonitor, kill_processes_mentioning, run_env, simulation_superlink
 from fl_app.metrics import read_metrics
 
 #: The compute-bound steady-state config (issue 5): paper CNN, Fashion-MNIST, 20 clients a round (fixed-size
@@ -172,7 +172,6 @@ def _app_round_seconds(records: list[dict[str, Any]]) -> list[float]:
 #: Every P2 process gets the same pinning environment: NumPy's BLAS and MKL on one thread (the app's and the
 #: loops' only BLAS work is the float64 norm of each clip), OpenMP's default 1; torch's thread count is set
 #: explicitly by each contender (Ray gives each ClientApp client_cpus threads, the loop takes --threads).
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 P2_STRATEGIES = ("dp_fedavg", "dp_fedsam")
 #: (target, bound): the fair CPU comparison's targets (issue 12).
 P2_TARGETS = {"ratio_cohort_over_parallel": 1.10, "ratio_cohort_over_loop": 0.85}

@@ -271,3 +271,14 @@ def assert_two_round_run(run: Path, name: str) -> None:
         assert records[-1]["gdp_mu"] > 0 and "assumes L" in guarantee
     with np.load(run / "final_model.npz") as model:
         assert all(np.isfinite(model[k]).all() for k in model.files)
+
+
+#: A DP-FedSAM run small enough for the peer benchmark's replay and floors (tests/bench).
+TINY_PEER_RUN = [
+    "strategy=dp_fedsam",
+    "dataset.num_clients=50",
+    "dataset.max_train_samples=1000",
+    "privacy.sampling=fixed",
+    "privacy.sample_rate=0.1",
+    "client.local_epochs=2",
+]

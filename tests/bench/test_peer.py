@@ -13,31 +13,14 @@ import pytest
 import torch
 
 from bench.baseline import partition_indices, sampled_partitions, shuffle_generator
-from bench.peer import (
-    compute_limit,
-    flower_engine_floor,
-    flower_round_floor,
-    peer_ratios,
-    pooled,
-    round_batches,
-    round_floor_plan,
-    round_samples,
-    workload_floor,
-)
+from bench.floors import round_batches
+from bench.peer import peer_ratios, pooled, round_samples
 from bench.pfl_peer import check_peer_supported, replay_step, write_replay
 from bench.run import to_markdown
 from clients.training import sgd_kernels
 from fl_app.config import compose_config
 from fl_app.models import build_model_for_dataset, get_weights
-
-TINY = [
-    "strategy=dp_fedsam",
-    "dataset.num_clients=50",
-    "dataset.max_train_samples=1000",
-    "privacy.sampling=fixed",
-    "privacy.sample_rate=0.1",
-    "client.local_epochs=2",
-]
+from tests.helpers import TINY_PEER_RUN as TINY
 
 
 def test_the_replay_is_the_app_s_run(tmp_path: Path) -> None:
@@ -85,49 +68,6 @@ def test_the_replay_trains_the_app_s_step_unless_told_torch_s_defaults(tmp_path:
     assert defaults["sgd_kernels"] == {"cpu": {}, "cuda": {}}
     with pytest.raises(ValueError, match="step must be one of"):
         replay_step("fast")
-
-
-def test_the_workload_floor_spreads_every_step_at_its_batch_size_over_the_cores() -> None:
-    # Clients of 70 and 40 samples at B = 32, one epoch: batches 32, 32, 6 and 32, 8.
-    spec = {"users": [{"round": 1, "samples": 70}, {"round": 1, "samples": 40}, {"round": 2, "samples": 32}]}
-    batches = round_batches(spec, 1, 32)
-    assert batches == [{32: 3, 6: 1, 8: 1}, {32: 1}]
-    step_s = {"32": 0.016, "6": 0.004, "8": 0.005}
-    assert workload_floor(batches, step_s, 2) == pytest.approx([(3 * 0.016 + 0.004 + 0.005) / 2, 0.016 / 2])
-
-
-def test_the_round_floor_trains_the_app_s_cohorts_at_their_clients_batch_sizes(tmp_path: Path) -> None:
-    from fl_app.instructions import local_training_config
-    from strategies.cohorts import balance_cohorts, local_work
-
-    config = compose_config(TINY)
-    spec = write_replay(config, 2, tmp_path)
-    plan = round_floor_plan(config, spec, 2)
-    assert plan["spec"]["sam"] and plan["spec"]["batch_size"] == config.client.batch_size
-    training = local_training_config(config, "sam")
-    for t, cohorts in zip((1, 2), plan["rounds"], strict=True):
-        pids = sampled_partitions(config, t)
-        expected = balance_cohorts(pids, [local_work(config, training, pid) for pid in pids], 2)
-        assert len(cohorts) == len(expected)
-        for cohort, want in zip(cohorts, expected, strict=True):
-            assert [sum(sizes) for sizes in cohort] == [2 * len(partition_indices(config, pid)) for pid in want]
-
-
-def test_the_round_floor_runs_its_rounds_on_flower_s_engine(tmp_path: Path) -> None:
-    """bench/flower_floor.py --rounds through Flower's real simulation engine: every planned round completes."""
-    config = compose_config(TINY)
-    spec = write_replay(config, 4, tmp_path / "replay")
-    floor = flower_round_floor(TINY, tmp_path, spec)
-    assert floor["nodes"] == floor["workers"] >= 1
-    assert len(floor["round_s_each"]) == 1  # rounds 3..T-1 of 4
-    assert 0.0 < floor["round_s"] < 60
-
-
-def test_the_compute_limit_times_the_step_at_every_batch_size_asked() -> None:
-    limit = compute_limit(["strategy=dp_fedavg"], cores=2, steps=8, batch_sizes=[6, 32])
-    assert set(limit["step_s_by_batch"]) == {"6", "32"}
-    assert limit["step_s_by_batch"]["32"] == limit["step_s"] > 0
-    assert limit["samples_per_s_machine"] == pytest.approx(2 * limit["samples_per_s_one_thread"])
 
 
 def _labels(config) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -220,15 +160,3 @@ def test_repeated_runs_pool_into_one_contender() -> None:
     assert (one["peak_rss_mib"], one["peak_rss_by_kind_mib"]) == (4100.0, {"driver": 2.0})  # the larger run's
     assert [run["round_s"] for run in one["runs"]] == [0.9, 0.7]
     assert pooled([]) is None
-
-
-def test_the_flower_engine_floor_reaches_a_first_step(tmp_path: Path) -> None:
-    """bench/flower_floor.py through Flower's real simulation engine: the P2 config's backend and node count, a
-    ClientApp that only imports torch, Ray started the app's way and Flower's; the first step is timed from the
-    command's start."""
-    overrides = ["strategy=dp_fedavg", "dataset.num_clients=500", "privacy.sampling=fixed"]
-    for ray_start in ("app", "flower"):
-        floor = flower_engine_floor(overrides, tmp_path, ray_start)
-        assert floor["nodes"] == floor["workers"] >= 1  # cohort mode: one SuperNode per worker of the pool
-        assert 0.5 < floor["first_step_s"] < 300
-        assert floor["cpu_s"] > 0.5
