@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -170,34 +171,40 @@ def flower_engine_floor(overrides: list[str], tmp: Path, ray_start: str = "app")
     }
 
 
-def round_floor_plan(config: AppConfig, replay_spec: dict[str, Any], workers: int) -> dict[str, Any]:
-    """bench/flower_floor.py's ``--rounds`` plan from a replay of the app's run: per round the app's cohorts (its
-    split, :func:`strategies.cohorts.balance_cohorts` by :func:`strategies.cohorts.local_work`), each a list of its
-    clients' batch sizes in partition order (E epochs of ⌊n/B⌋ full batches and one of n mod B)."""
-    from bench.baseline import check_supported
+def client_batch_sizes(samples: int, batch_size: int, epochs: int) -> list[int]:
+    """The batch size of each local step of a client with ``samples`` examples: per epoch ⌊n/B⌋ full batches and
+    one of n mod B (the workload's shape, the short last batch included)."""
+    full, short = divmod(samples, batch_size)
+    return ([batch_size] * full + ([short] if short else [])) * epochs
+
+
+def round_floor_plan(config: AppConfig, workers: int) -> dict[str, Any]:
+    """bench/flower_floor.py's ``--rounds`` plan for the app's run of ``config.num_rounds`` rounds: per round the
+    app's sampled clients (:func:`bench.baseline.sampled_partitions`) in the app's cohorts (its split,
+    :func:`strategies.cohorts.balance_cohorts` by :func:`strategies.cohorts.local_work`), each a list of its
+    clients' batch sizes (:func:`client_batch_sizes`) in partition order."""
+    from bench.baseline import check_supported, partition_indices, sampled_partitions
     from fl_app.data.datasets import DATASETS
     from fl_app.instructions import local_training_config
+    from fl_app.models import build_model_for_dataset, weight_shapes
     from strategies.cohorts import balance_cohorts, local_work
 
     use_sam, _ = check_supported(config)
     training = local_training_config(config, "sam" if use_sam else "sgd")
     c, info = config.client, DATASETS[config.dataset.name]
-    rounds: dict[int, dict[int, int]] = {}
-    for user in replay_spec["users"]:
-        rounds.setdefault(user["round"], {})[int(user["partition"])] = int(user["samples"])
     plan = []
-    for t in sorted(rounds):
-        samples = rounds[t]
-        pids = sorted(samples)
+    for t in range(1, config.num_rounds + 1):
+        pids = sampled_partitions(config, t)
         cohorts = balance_cohorts(pids, [local_work(config, training, pid) for pid in pids], workers)
-        batches = {
-            pid: (([c.batch_size] * (n // c.batch_size)) + ([n % c.batch_size] if n % c.batch_size else []))
-            * c.local_epochs
-            for pid, n in samples.items()
-        }
-        plan.append([[batches[pid] for pid in cohort] for cohort in cohorts])
-    from fl_app.models import build_model_for_dataset, weight_shapes
-
+        plan.append(
+            [
+                [
+                    client_batch_sizes(len(partition_indices(config, pid)), c.batch_size, c.local_epochs)
+                    for pid in cohort
+                ]
+                for cohort in cohorts
+            ]
+        )
     shapes = weight_shapes(build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed))
     spec = {
         "model": config.model.name,
@@ -217,19 +224,19 @@ def round_floor_plan(config: AppConfig, replay_spec: dict[str, Any], workers: in
     return {"spec": spec, "rounds": plan}
 
 
-def flower_round_floor(overrides: list[str], tmp: Path, replay_spec: dict[str, Any]) -> dict[str, Any]:
-    """s/round of the least FedAvg on Flower's simulation engine for the app's run (bench/flower_floor.py
-    ``--rounds``: the app's backend config, node count, Ray start and cohorts; the bare local step at each client's
-    batch sizes; the model to each worker and a float32 sum back): the median over the steady rounds, each round
-    from the previous round's end. What any app on Flower's engine costs a round before its own data, bookkeeping
-    and privacy; and the peak resident memory of all its processes (Ray's daemons, the workers, a driver without
-    torch)."""
+def flower_round_floor(overrides: list[str], tmp: Path, num_rounds: int) -> dict[str, Any]:
+    """s/round of the least FedAvg on Flower's simulation engine for the app's run of ``num_rounds`` rounds
+    (bench/flower_floor.py ``--rounds``: the app's backend config, node count, Ray start and cohorts; the bare local
+    step at each client's batch sizes; the model to each worker and a float32 sum back): the median over the steady
+    rounds, each round from the previous round's end. What any app on Flower's engine costs a round before its own
+    data, bookkeeping and privacy; and the peak resident memory of all its processes (Ray's daemons, the workers, a
+    driver without torch)."""
     from fl_app.main import backend_config, concurrent_workers, simulation_nodes
 
-    config = compose_config(overrides)
+    config = compose_config([*overrides, f"num_rounds={num_rounds}"])
     nodes, workers = simulation_nodes(config), concurrent_workers(config)
     plan_file = tmp / "flower_round_floor_plan.json"
-    plan_file.write_text(json.dumps(round_floor_plan(config, replay_spec, workers)))
+    plan_file.write_text(json.dumps(round_floor_plan(config, workers)))
     out = tmp / "flower_round_floor.json"
     env = {**run_env(tmp / "env_flower_round_floor"), **THREAD_ENV}
     cmd = [
@@ -251,17 +258,11 @@ def flower_round_floor(overrides: list[str], tmp: Path, replay_spec: dict[str, A
 
 
 def round_batches(replay_spec: dict[str, Any], epochs: int, batch_size: int) -> list[dict[int, int]]:
-    """Per round, how many local steps its clients take at each batch size: ⌊n/B⌋ full batches and one of n mod B
-    per client and local epoch (the workload's shape, short last batches included)."""
-    rounds: dict[int, dict[int, int]] = {}
+    """Per round, how many local steps its clients take at each batch size (:func:`client_batch_sizes`)."""
+    rounds: dict[int, Counter[int]] = {}
     for user in replay_spec["users"]:
-        counts = rounds.setdefault(user["round"], {})
-        full, short = divmod(int(user["samples"]), batch_size)
-        if full:
-            counts[batch_size] = counts.get(batch_size, 0) + full * epochs
-        if short:
-            counts[short] = counts.get(short, 0) + epochs
-    return [rounds.get(t, {}) for t in range(1, max(rounds) + 1)]
+        rounds.setdefault(user["round"], Counter()).update(client_batch_sizes(int(user["samples"]), batch_size, epochs))
+    return [dict(rounds.get(t, {})) for t in range(1, max(rounds) + 1)]
 
 
 def workload_floor(batches: list[dict[int, int]], step_s_by_batch: dict[str, float], cores: int) -> list[float]:

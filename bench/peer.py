@@ -126,7 +126,6 @@ def pfl_contender(
         "round_samples": round_samples(spec, int(spec["config"]["local_epochs"])),
         "round_batches": round_batches(spec, int(spec["config"]["local_epochs"]), int(spec["config"]["batch_size"])),
         "step": step,
-        "replay_spec": {"users": spec["users"]},
     }
 
 
@@ -239,18 +238,14 @@ def cpu_peer(
                     done = _attempt(f"{name}/{label}", errors, app_contender, run, num_rounds, part, label)
                 if done is not None:
                     runs[side].append(done)
-        replays = [done.pop("replay_spec") for done in runs["pfl"]]  # the schedule, not a result
         entry["pfl"], entry["app"] = pooled(runs["pfl"]), pooled(runs["app"])
-        if replays:
-            entry["flower_round_floor"] = _attempt(
-                f"{name}/flower_round_floor", errors, flower_round_floor, run, part, replays[0]
-            )
+        entry["flower_round_floor"] = _attempt(
+            f"{name}/flower_round_floor", errors, flower_round_floor, run, part, num_rounds
+        )
         entry["pfl_torch_defaults"] = _attempt(
             f"{name}/pfl_torch_defaults", errors, pfl_contender, run, num_rounds, part, "pfl_torch_defaults",
             python, procs, "cpu", "torch_defaults",
         )  # fmt: skip
-        if entry["pfl_torch_defaults"]:
-            entry["pfl_torch_defaults"].pop("replay_spec")
         batches = steady_rounds(entry["pfl"]["round_batches"], num_rounds) if entry["pfl"] else []
         sizes = sorted({b for counts in batches for b in counts})
         limit = _attempt(f"{name}/limit", errors, compute_limit, run, procs, 60, sizes)

@@ -144,8 +144,7 @@ class SAM(torch.optim.Optimizer):
     def restore(self) -> None:
         """Undo ``first_step`` without taking a base step (e.g. when the perturbed loss is not finite)."""
         for p in self._perturbed:
-            state = self.state[p]
-            p.data = state.pop("old_p")
+            p.data = self.state[p].pop("old_p")
         self._perturbed = []
 
     @torch.no_grad()

@@ -16,7 +16,6 @@ from bench.floors import (
     round_floor_plan,
     workload_floor,
 )
-from bench.pfl_peer import write_replay
 from fl_app.config import compose_config
 from tests.helpers import TINY_PEER_RUN as TINY
 
@@ -30,13 +29,12 @@ def test_the_workload_floor_spreads_every_step_at_its_batch_size_over_the_cores(
     assert workload_floor(batches, step_s, 2) == pytest.approx([(3 * 0.016 + 0.004 + 0.005) / 2, 0.016 / 2])
 
 
-def test_the_round_floor_trains_the_app_s_cohorts_at_their_clients_batch_sizes(tmp_path: Path) -> None:
+def test_the_round_floor_trains_the_app_s_cohorts_at_their_clients_batch_sizes() -> None:
     from fl_app.instructions import local_training_config
     from strategies.cohorts import balance_cohorts, local_work
 
-    config = compose_config(TINY)
-    spec = write_replay(config, 2, tmp_path)
-    plan = round_floor_plan(config, spec, 2)
+    config = compose_config([*TINY, "num_rounds=2"])
+    plan = round_floor_plan(config, 2)
     assert plan["spec"]["sam"] and plan["spec"]["batch_size"] == config.client.batch_size
     training = local_training_config(config, "sam")
     for t, cohorts in zip((1, 2), plan["rounds"], strict=True):
@@ -49,9 +47,7 @@ def test_the_round_floor_trains_the_app_s_cohorts_at_their_clients_batch_sizes(t
 
 def test_the_round_floor_runs_its_rounds_on_flower_s_engine(tmp_path: Path) -> None:
     """bench/flower_floor.py --rounds through Flower's real simulation engine: every planned round completes."""
-    config = compose_config(TINY)
-    spec = write_replay(config, 4, tmp_path / "replay")
-    floor = flower_round_floor(TINY, tmp_path, spec)
+    floor = flower_round_floor(TINY, tmp_path, 4)
     assert floor["nodes"] == floor["workers"] >= 1
     assert len(floor["round_s_each"]) == 1  # rounds 3..T-1 of 4
     assert 0.0 < floor["round_s"] < 60
