@@ -410,8 +410,19 @@ GPU_APP_RUNS = {
     "app_per_client": ["simulation.cohort_size=1", "simulation.client_gpus=0.1"],
     "app_cohort_gpus_1": ["simulation.cohort_size=auto", "simulation.client_gpus=1"],
     "app_cohort_gpus_0.5": ["simulation.cohort_size=auto", "simulation.client_gpus=0.5"],
-}
-GPU_TARGETS = {"cohort_round_s": 1.5, "ratio_cohort_over_batched": 1.3, "ratio_shared_over_alone": 1.5}
+    # Issue 34: cohort mode with the step captured as a CUDA graph, data resident, clip and sum on the GPU.
+    "app_cohort_captured": [
+        "simulation.cohort_size=auto", "simulation.client_gpus=1", "simulation.cohort_engine=captured"
+    ],
+}  # fmt: skip
+GPU_TARGETS = {
+    "cohort_round_s": 1.5, "ratio_cohort_over_batched": 1.3, "ratio_shared_over_alone": 1.5,
+    # issue 34: the captured round, and its ratios to the captured step's limit and to the batched loop
+    "captured_round_s": 0.5, "ratio_captured_over_limit": 1.3, "ratio_captured_over_batched": 1.0,
+}  # fmt: skip
+#: The captured step's limit is measured for a round of this many clients of this many images (the GPU overrides'
+#: ~50 clients of ~120 images: 20,000 images over 167 clients, q = 0.3) at +scale=paper (30 epochs, B = 32, ASAM).
+GPU_STEP_LIMIT_ARGS = ["--clients", "50", "--samples", "120", "--epochs", "30", "--optimizer", "asam"]
 GPU_SHARED_RUNS = 3
 
 
@@ -487,6 +498,16 @@ def gpu_batched_loop(
     return _attempt("batched_loop", errors, _run_loop, cmd, {**os.environ, **THREAD_ENV}, part / "batched.log")
 
 
+def gpu_step_limit(overrides: list[str], part: Path, errors: dict[str, str]) -> dict[str, Any] | None:
+    """bench/captured_step.py: the captured step replayed on a fixed batch (the round's compute limit on this GPU)
+    and the worker's round split, or None with the error kept."""
+    data_dir = [o.split("=", 1)[1] for o in overrides if o.startswith("dataset.data_dir=")]
+    cmd = [sys.executable, "-m", "bench.captured_step", *GPU_STEP_LIMIT_ARGS, "--out", str(part / "step.json")]
+    if data_dir:
+        cmd[3:3] = ["--data-dir", data_dir[-1]]
+    return _attempt("captured_step", errors, _run_loop, cmd, {**os.environ, **THREAD_ENV}, part / "step.log")
+
+
 def gpu_paper_scale(overrides: list[str], num_rounds: int, tmp: Path) -> dict[str, Any]:
     """The papers' scale on the GPU: app per client, app cohort mode (whole GPU, half), the batched loop, and three
     cohort-mode runs sharing the GPU."""
@@ -508,6 +529,13 @@ def gpu_paper_scale(overrides: list[str], num_rounds: int, tmp: Path) -> dict[st
         )
     batched = gpu_batched_loop(overrides, num_rounds, part, errors)
     result["batched_loop"] = _loop_summary(batched, num_rounds) if batched else None
+    step = gpu_step_limit(overrides, part, errors)
+    result["captured_step"] = step
+    captured = result["app_cohort_captured"]
+    result["captured_round_s"] = captured["round_s"] if captured else None
+    limit = {"round_s": step["round_limit_s"]} if step else None
+    result["ratio_captured_over_limit"] = _ratio(captured, limit)
+    result["ratio_captured_over_batched"] = _ratio(captured, result["batched_loop"])
     alone = result["app_cohort_gpus_1"]
     # More rounds than alone, so that the three runs' steady rounds overlap despite their staggered starts.
     shared_rounds = max(2 * num_rounds, 12)
@@ -636,6 +664,15 @@ def _gpu_rows(gpu: dict[str, Any]) -> list[str]:
         f"| GPU per client / batched loop (per client / cohort) | {_num(gpu['ratio_per_client_over_batched'], '.3f')} "
         f"({_num(gpu['ratio_per_client_over_cohort'], '.3f')}) | | |"
     )
+    lines.append(
+        _target_row("GPU captured cohort s/round", gpu.get("captured_round_s"), t["captured_round_s"], spec=".2f")
+    )
+    step = gpu.get("captured_step")
+    limit = f" (limit {step['round_limit_s']:.2f} s/round = {step['captured_step_ms']:.2f} ms a step)" if step else ""
+    lines.append(_target_row("GPU captured / its step's limit", gpu.get("ratio_captured_over_limit"),
+                             t["ratio_captured_over_limit"], limit))  # fmt: skip
+    lines.append(_target_row("GPU captured / batched loop", gpu.get("ratio_captured_over_batched"),
+                             t["ratio_captured_over_batched"]))  # fmt: skip
     if shared := gpu.get("shared"):
         each = ", ".join(f"{v:.2f}" for v in shared["round_s_each_run"])
         overlap = "" if shared["fully_overlapped"] else " (runs did not fully overlap)"

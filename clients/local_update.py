@@ -34,9 +34,9 @@ def _model(name: str, dataset: str, device: str) -> nn.Module:
     return to_compute_layout(build_model_for_dataset(name, dataset, seed=0), torch.device(device))
 
 
-def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    train = _train_data(spec)
-    indices = get_partition(
+def client_indices(spec: DataSpec, partition_id: int) -> np.ndarray:
+    """The client's rows of the training split (read-only: the partition is cached)."""
+    return get_partition(
         spec.dataset,
         spec.data_dir or None,
         spec.partition,
@@ -46,7 +46,11 @@ def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.
         partition_id,
         num_samples=spec.max_train_samples or None,
     )
-    idx = torch.from_numpy(indices.copy())  # the cached partition is read-only; torch wants a writable array
+
+
+def client_data(spec: DataSpec, partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    train = _train_data(spec)
+    idx = torch.from_numpy(client_indices(spec, partition_id).copy())  # torch wants a writable array
     return train.x[idx], train.y[idx]
 
 

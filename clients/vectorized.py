@@ -199,6 +199,12 @@ class _Tally:
         self.seen = torch.zeros(count, device=device, dtype=torch.float64)
         self.steps = torch.zeros(count, device=device, dtype=torch.long)
 
+    def reset(self) -> None:
+        """Every client alive, nothing counted (in place: a captured step keeps pointing at these tensors)."""
+        self.alive.fill_(True)
+        for counter in (self.loss_sum, self.correct, self.seen, self.steps):
+            counter.zero_()
+
     def step(self, take: torch.Tensor, weight: torch.Tensor, data_loss: torch.Tensor, hits: torch.Tensor) -> None:
         """Count the step of the first ``len(take)`` clients (the ones with a batch this step) that took it."""
         k = int(take.shape[0])
@@ -259,6 +265,56 @@ def _train_mode(model: nn.Module) -> Iterator[None]:
             module.training = mode
 
 
+#: clients.sam.SAM's default: a zero gradient gives a zero perturbation, not 0/0
+SAM_EPS = 1e-12
+
+
+def local_step(
+    grad_fn: Callable[..., tuple[Params, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]],
+    config: LocalTrainingConfig,
+    lr: float | torch.Tensor,
+    p: Params,
+    momentum: Params,
+    xb: torch.Tensor,
+    yb: torch.Tensor,
+    weight: torch.Tensor,
+    reference: Params,
+    tally: _Tally,
+) -> None:
+    """One local step of the first k clients of the stack, in place (SPEC §3; journal Eqs. 8–9 for SAM / ASAM).
+
+    ``p`` / ``momentum`` are the clients' views (dim 0 = client), ``xb`` / ``yb`` / ``weight`` their padded batches
+    (k × width), ``reference`` the round's global weights (the regulariser's). A client whose loss (either SAM pass)
+    is non-finite, or that stopped before, keeps its weights and momentum. Every operation stays on the device and
+    nothing syncs with the host, so the step can be captured as a CUDA graph (:mod:`clients.captured`), with ``lr``
+    a 0-dim tensor there.
+    """
+    g, (total, data_loss, hits) = grad_fn(p, xb, yb, weight, reference)
+    finite = torch.isfinite(total)
+    if config.optimizer == "sam":
+        scaled = {name: p[name].abs() * gi for name, gi in g.items()} if config.adaptive else g
+        scale = config.rho / (_per_client_norm(scaled) + SAM_EPS)
+        perturbed = {}
+        for name, gi in g.items():
+            e = gi * _bcast(scale, gi)
+            if config.adaptive:
+                e = e * p[name].square()
+            perturbed[name] = p[name] + e
+        g, (perturbed_total, _, _) = grad_fn(perturbed, xb, yb, weight, reference)
+        finite = finite & torch.isfinite(perturbed_total)
+    k = int(xb.shape[0])
+    take = tally.alive[:k] & finite
+    for name, gi in g.items():
+        d_p = gi + config.weight_decay * p[name] if config.weight_decay else gi
+        buf = momentum[name]
+        new_buf = buf * config.momentum + d_p if config.momentum else d_p
+        new_p = p[name] - lr * new_buf
+        mask = _bcast(take, new_p)
+        buf.copy_(torch.where(mask, new_buf, buf))
+        p[name].copy_(torch.where(mask, new_p, p[name]))
+    tally.step(take, weight, data_loss, hits)
+
+
 def train_stacked(
     model: nn.Module,
     data: Sequence[tuple[torch.Tensor, torch.Tensor]],
@@ -290,36 +346,14 @@ def train_stacked(
     grad_fn = vmap(grad(loss_fn, has_aux=True), in_dims=(0, 0, 0, 0, None))
     lr = local_lr(config.lr, config.lr_decay, server_round)
     tally = _Tally(count, device)
-    sam = config.optimizer == "sam"
-    eps = 1e-12  # clients.sam.SAM's default: a zero gradient gives a zero perturbation, not 0/0
     with torch.no_grad(), _train_mode(model):
         for index, weight in zip(plan.index, plan.weight, strict=True):
             k = int(index.shape[0])
-            p = {name: t[:k] for name, t in params.items()}
-            xb, yb = plan.x[index], plan.y[index]
-            g, (total, data_loss, hits) = grad_fn(p, xb, yb, weight, global_params)
-            finite = torch.isfinite(total)
-            if sam:
-                scaled = {name: p[name].abs() * gi for name, gi in g.items()} if config.adaptive else g
-                scale = config.rho / (_per_client_norm(scaled) + eps)
-                perturbed = {}
-                for name, gi in g.items():
-                    e = gi * _bcast(scale, gi)
-                    if config.adaptive:
-                        e = e * p[name].square()
-                    perturbed[name] = p[name] + e
-                g, (perturbed_total, _, _) = grad_fn(perturbed, xb, yb, weight, global_params)
-                finite = finite & torch.isfinite(perturbed_total)
-            take = tally.alive[:k] & finite
-            for name, gi in g.items():
-                d_p = gi + config.weight_decay * p[name] if config.weight_decay else gi
-                buf = momentum[name][:k]
-                new_buf = buf * config.momentum + d_p if config.momentum else d_p
-                new_p = p[name] - lr * new_buf
-                mask = _bcast(take, new_p)
-                buf.copy_(torch.where(mask, new_buf, buf))
-                p[name].copy_(torch.where(mask, new_p, p[name]))
-            tally.step(take, weight, data_loss, hits)
+            local_step(
+                grad_fn, config, lr,
+                {name: t[:k] for name, t in params.items()}, {name: t[:k] for name, t in momentum.items()},
+                plan.x[index], plan.y[index], weight, global_params, tally,
+            )  # fmt: skip
     return tally.finish(params, data, plan)
 
 

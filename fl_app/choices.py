@@ -53,8 +53,8 @@ Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
 
 #: How a worker trains a cohort message (``simulation.cohort_engine`` after ``auto``, which each worker resolves for
-#: its own device: vectorized on a GPU, sequential on a CPU).
-CohortEngine = Literal["sequential", "vectorized"]
+#: its own device: vectorized on a GPU, sequential on a CPU; ``captured`` is the vectorized step as a CUDA graph).
+CohortEngine = Literal["sequential", "vectorized", "captured"]
 COHORT_ENGINES: tuple[str, ...] = ("auto", *get_args(CohortEngine))
 
 #: ``population``: clients as data partitions on any node (``virtual``), or one client per SuperNode (``nodes``).

@@ -103,7 +103,11 @@ class NoisyLocalConfig:
 
 
 def resolve_cohort_engine(requested: str, device_is_gpu: bool) -> CohortEngine:
-    """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, docs/performance.md)."""
+    """``auto`` = vectorized on a GPU, sequential on a CPU (measured: bench/, docs/performance.md). ``captured``
+    (opt-in until its CUDA tests have run on a lent GPU) needs a GPU: on a CPU it is refused (at config validation;
+    here as a ValueError)."""
+    if requested == "captured" and not device_is_gpu:
+        raise ValueError("cohort_engine=captured needs a CUDA device (CUDA graphs); use vectorized or sequential")
     if requested in get_args(CohortEngine):
         return requested  # type: ignore[return-value]
     return "vectorized" if device_is_gpu else "sequential"

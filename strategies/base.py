@@ -235,8 +235,11 @@ class FederatedStrategy(Strategy):
     def _check_cohort_engine(self) -> None:
         """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
         sim = self.config.simulation
-        engine = resolve_cohort_engine(sim.cohort_engine, resolve_device(sim.device).type == "cuda")
-        if sim.cohort_size == 1 or self.config.population != "virtual" or engine != "vectorized":
+        try:
+            engine = resolve_cohort_engine(sim.cohort_engine, resolve_device(sim.device).type == "cuda")
+        except ValueError as exc:
+            raise ConfigError(f"invalid config value simulation.cohort_engine={sim.cohort_engine}: {exc}") from exc
+        if sim.cohort_size == 1 or self.config.population != "virtual" or engine == "sequential":
             return
         try:
             check_vectorizable(build_model_for_dataset(self.config.model.name, self.config.dataset.name, seed=0))

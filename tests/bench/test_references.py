@@ -277,10 +277,13 @@ def test_gpu_case_assembles_its_contenders_and_ratios(monkeypatch: pytest.Monkey
     def fake_app_run(overrides: list[str], num_rounds: int, tmp: Path, label: str, env: dict[str, str]) -> Any:
         calls.append((label, overrides))
         assert env == bench_run.THREAD_ENV and num_rounds == 6
-        return {"round_s": {"app_per_client": 8.0, "app_cohort_gpus_1": 1.2}.get(label, 1.5),
-                "model_file": str(tmp_path / "m.npz")}  # fmt: skip
+        round_s = {"app_per_client": 8.0, "app_cohort_gpus_1": 1.2, "app_cohort_captured": 0.6}.get(label, 1.5)
+        return {"round_s": round_s, "model_file": str(tmp_path / "m.npz")}
 
     def fake_loop(cmd: list[str], env: dict[str, str], log: Path) -> Any:
+        if cmd[2] == "bench.captured_step":
+            calls.append(("step", cmd))
+            return {"round_limit_s": 0.5, "captured_step_ms": 4.2}
         calls.append(("batched", cmd))
         return {"round_seconds": [5.0, 2.0, 1.0, 1.0, 1.0, 3.0], "clients_per_round": [50] * 6,
                 "weights_file": str(tmp_path / "m.npz")}  # fmt: skip
@@ -296,23 +299,34 @@ def test_gpu_case_assembles_its_contenders_and_ratios(monkeypatch: pytest.Monkey
     monkeypatch.setattr(bench_run, "_run_loop", fake_loop)
     monkeypatch.setattr(bench_run, "_shared_app_runs", fake_shared)
     result = bench_run.gpu_paper_scale(bench_run.GPU_OVERRIDES, 6, tmp_path)
-    labels = dict(calls[:3])
+    labels = dict(calls[:4])
     assert (
         "simulation.client_gpus=0.1" in labels["app_per_client"]
         and "simulation.cohort_size=1" in labels["app_per_client"]
     )
     assert "simulation.client_gpus=0.5" in labels["app_cohort_gpus_0.5"]
     assert all("simulation.device=cuda" in o for o in labels.values())
-    batched_cmd = calls[3][1]
+    assert "simulation.cohort_engine=captured" in labels["app_cohort_captured"]
+    batched_cmd = calls[4][1]
     assert batched_cmd[2] == "bench.batched" and "--device" in batched_cmd and "num_rounds=6" in batched_cmd
     assert "+scale=paper" in batched_cmd and "dataset.num_clients=167" in batched_cmd
-    assert "simulation.client_gpus=1" in calls[4][1]
+    step_cmd = calls[5][1]
+    assert step_cmd[2] == "bench.captured_step" and step_cmd[step_cmd.index("--clients") + 1] == "50"
+    assert "simulation.client_gpus=1" in calls[6][1]
+    assert result["captured_round_s"] == 0.6
+    assert result["ratio_captured_over_limit"] == pytest.approx(1.2)
+    assert result["ratio_captured_over_batched"] == pytest.approx(0.6)
     assert result["batched_loop"]["round_s"] == 1.0  # median of rounds 3..5
     assert result["cohort_round_s"] == 1.2  # the better of client_gpus 1 and 0.5
     assert result["ratio_cohort_over_batched"] == pytest.approx(1.2)
     assert result["ratio_shared_over_alone"] == pytest.approx(1.5)
     assert result["shared"]["ratio_each_run_over_alone"] == pytest.approx([1.25, 1.6 / 1.2, 1.5])
     assert result["final_model_max_abs_diff"]["app_per_client_vs_batched"] == 0.0
-    assert "GPU cohort / batched loop | **1.200** | ≤ 1.3 | yes" in bench_run.to_markdown(
+    table = bench_run.to_markdown(
         {"machine": bench_run.machine(), "overrides": [], "command": "python -m bench", "GPU": result}
+    )
+    assert "GPU cohort / batched loop | **1.200** | ≤ 1.3 | yes" in table
+    assert "| GPU captured cohort s/round | **0.60** | ≤ 0.5 | **no** |" in table
+    assert (
+        "| GPU captured / its step's limit | **1.200** (limit 0.50 s/round = 4.20 ms a step) | ≤ 1.3 | yes |" in table
     )

@@ -29,18 +29,21 @@ from torch import nn
 
 import clients.cohort as cohort
 import clients.local_update as local_update
-from clients.cohort import CohortResult, train_cohort
+from clients.captured import StackedOutcome
+from clients.cohort import CohortResult, clip_and_sum_stacked, train_cohort
 from clients.faults import inject_fault
 from clients.local_update import train_one
 from clients.recipes import privatize_update
 from clients.training import NoisyLocalConfig
+from clients.vectorized import train_stacked
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import FASHION_MNIST_SYSTEM_DIR, DatasetUnavailableError, load_dataset
 from fl_app.instructions import DataSpec, RecipeSpec, TrainInstructions, local_training_config, make_train_instructions
-from fl_app.models import build_model_for_dataset, get_weights
+from fl_app.models import build_model_for_dataset, get_weights, set_weights, weight_names
 from fl_app.privacy import mechanisms as mech
 
 ATOL = 1e-5
+CPU = torch.device("cpu")
 SMALL = [
     "dataset.max_train_samples=300",
     "dataset.num_clients=10",
@@ -495,3 +498,93 @@ def test_sequential_clients_are_trained_and_summed_one_at_a_time_in_partition_or
     assert result.accepted == [0, 4, 5]
     expected = mech.uniform_sum([sent[0], sent[4], sent[5]], [w.shape for w in global_weights])
     assert all(a.tobytes() == b.tobytes() for a, b in zip(result.total, expected, strict=True))
+
+
+# ----- the captured engine's clip and sum on the device (clients/captured.py, fl_app/privacy/stacked.py) ------------
+
+
+def _stacked_outcome(weights: list[np.ndarray], ins: TrainInstructions, pids: Sequence[int]) -> StackedOutcome:
+    """The cohort trained by the vectorized engine, its final weights stacked as the captured engine leaves them
+    (here on the CPU, in the caller's order)."""
+    model = build_model_for_dataset("cnn", "fashion_mnist", seed=0)
+    set_weights(model, weights)
+    data = [local_update.client_data(ins.data, pid) for pid in pids]
+    generators = [local_update.client_generator(ins, pid) for pid in pids]
+    assert ins.training is not None
+    regularizer = cohort._blur_regularizer(ins)[0]
+    finals, results = train_stacked(model, data, ins.training, ins.server_round, generators, CPU, regularizer)
+    params = {name: torch.stack([final[name] for final in finals]) for name in finals[0]}
+    return StackedOutcome(params=params, order=list(range(len(pids))), results=results)
+
+
+@pytest.mark.parametrize("case", ["dp_fedavg", "asam", "dp_fedavg_blur"])
+def test_clip_and_sum_on_the_device_is_the_per_client_path(case: str, global_weights: list[np.ndarray]) -> None:
+    """Server placement, clip-only recipes: the stacked clip and float64 sum give the worker's reply that clipping,
+    screening and summing client by client gives (the same accepted clients, statistics and sum)."""
+    ins = CASES[case]()
+    names = weight_names(build_model_for_dataset("cnn", "fashion_mnist", seed=0))
+    outcome = _stacked_outcome(global_weights, ins, PIDS)
+    assert cohort.clips_on_device(ins, [""] * 3, None, names, list(outcome.params))
+    got = clip_and_sum_stacked(outcome, global_weights, names, ins, PIDS, started=0.0)
+    want = train_cohort(global_weights, ins, PIDS, [""] * 3, "vectorized")
+    assert got.accepted == want.accepted == sorted(PIDS)
+    assert got.rejected == want.rejected and got.reclipped == want.reclipped == 0
+    assert got.num_examples == want.num_examples
+    assert all(t.dtype == np.float64 for t in got.total)
+    assert _max_diff(got.total, want.total) <= 1e-8  # float32 clipped coordinates, one rounding apart at most
+    for key in ("train_loss", "train_accuracy", "num_steps"):
+        assert got.metrics[key] == want.metrics[key]
+    np.testing.assert_allclose(got.metrics["pre_clip_norm"], want.metrics["pre_clip_norm"], rtol=1e-12)
+    assert min(got.metrics["pre_clip_norm"]) > ins.clip_norm  # the clip really clipped
+    assert mech.global_l2_norm(got.total) <= len(PIDS) * ins.clip_norm
+
+
+def test_clip_and_sum_on_the_device_rejects_non_finite_and_diverged_clients(global_weights: list[np.ndarray]) -> None:
+    ins = CASES["dp_fedavg"]()
+    names = weight_names(build_model_for_dataset("cnn", "fashion_mnist", seed=0))
+    outcome = _stacked_outcome(global_weights, ins, PIDS)
+    outcome.params[names[0]][1].view(-1)[0] = float("inf")  # PIDS[1] = 5: non-finite weights
+    outcome.results[2] = dataclasses.replace(outcome.results[2], diverged=True, loss=math.nan)  # PIDS[2] = 4
+    got = clip_and_sum_stacked(outcome, global_weights, names, ins, PIDS, started=0.0)
+    assert got.accepted == [2] and got.rejected == {"failed": [4], "nonfinite": [5], "shape": []}
+    assert len(got.metrics["pre_clip_norm"]) == 1
+    alone = clip_and_sum_stacked(_stacked_outcome(global_weights, ins, [2]), global_weights, names, ins, [2], 0.0)
+    # The sum is the accepted client's alone (trained in a cohort of one: batched float32 kernels, ATOL apart).
+    assert _max_diff(got.total, alone.total) <= ATOL
+
+
+def test_the_device_clips_only_where_the_recipe_is_clip_only_with_server_noise() -> None:
+    names = ["a", "b"]
+    dense = CASES["dp_fedavg"]()
+    assert cohort.clips_on_device(dense, ["", ""], None, names, names)
+    assert not cohort.clips_on_device(dense, ["", "nan"], None, names, names)  # a fault to inject: per client
+    assert not cohort.clips_on_device(dense, [""], [np.ones(2, bool)], names, names)  # a shared mask
+    assert not cohort.clips_on_device(dense, [""], None, names, ["a"])  # a frozen tensor
+    assert not cohort.clips_on_device(CASES["dp_fedsam_client"](), [""], None, names, names)  # clients add noise
+    assert not cohort.clips_on_device(CASES["dp_fedsam_topk_client"](), [""], None, names, names)
+    assert not cohort.clips_on_device(dataclasses.replace(dense, clip_norm=0.0), [""], None, names, names)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["dp_fedavg", "asam", "dp_fedavg_blur", "dp_fedsam_client", "dp_fedsam_topk_client"])
+def test_cuda_captured_engine_matches_the_sequential_engine(
+    case: str, global_weights: list[np.ndarray], float64: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The captured engine on a GPU (clip and sum on the device where the recipe allows, the per-client path from
+    its weights elsewhere) answers what the sequential engine answers, in float64."""
+    real_split = cohort.resident_split
+    monkeypatch.setattr(
+        cohort, "resident_split", lambda split, device: _Split(real_split(split, device).x.double(), split.y.to(device))
+    )
+    ins = CASES[case]()
+    want = train_cohort(global_weights, ins, PIDS, [""] * 3, "sequential")
+    got = train_cohort(global_weights, dataclasses.replace(ins, device="cuda"), PIDS, [""] * 3, "captured")
+    assert got.accepted == want.accepted and got.rejected == want.rejected
+    assert _max_diff(got.total, want.total) <= ATOL
+    _assert_metrics_match(got, {pid: {k: want.metrics[k][j] for k in want.metrics} for j, pid in enumerate(PIDS)})
+
+
+@dataclasses.dataclass
+class _Split:
+    x: torch.Tensor
+    y: torch.Tensor
