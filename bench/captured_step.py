@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.captured import CapturedCohort, StepPlan, resident_split, step_plan, train_captured
+from clients.captured import CapturedCohort, StepPlan, captured_cohort, resident_split, step_plan, train_captured
 from clients.training import LocalTrainingConfig, local_lr
 from clients.vectorized import batch_schedule, train_stacked
 from fl_app.data.datasets import load_split
@@ -74,7 +74,7 @@ def step_limit(workspace: CapturedCohort, plan: StepPlan, lr: float, steps: int)
     def eager() -> None:
         with torch.no_grad():
             for _ in range(steps):
-                workspace._step(k)
+                workspace.step(k)
 
     captured = min(_timed(replay, 5)) / steps
     eager_s = min(_timed(eager, 3)) / steps
@@ -150,8 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     # The step limit on a fixed batch.
     schedules = [batch_schedule(len(ix), config, g) for ix, g in zip(indices, gens(1), strict=True)]
     plan = step_plan(indices, schedules, config.batch_size, device)
-    from clients.captured import captured_cohort
-
     workspace = captured_cohort(model, split.x, split.y, config, args.clients, config.batch_size)
     limit = step_limit(workspace, plan, local_lr(config.lr, config.lr_decay, 1), steps=20)
     out.update(limit)
@@ -166,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         k = len(plan.order)
         with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.no_grad():
             for _ in range(3):
-                workspace._step(k)
+                workspace.step(k)
             torch.cuda.synchronize()
         out["profile"] = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -104,9 +104,11 @@ def step_plan(
 
 @dataclass
 class StackedOutcome:
-    """The clients' final weights stacked on the device (dim 0 = stack position) and their training results."""
+    """The clients' final weights stacked on the device (dim 0 = stack position), the round's global weights they
+    started from (on the same device) and their training results."""
 
     params: Params  # name -> K × ..., stack order
+    reference: Params  # name -> the global weights of the round
     order: list[int]  # stack position -> index into the caller's client list
     results: list[LocalTrainingResult]  # in the caller's order
 
@@ -162,7 +164,7 @@ class CapturedCohort:
         self.replays = 0
         self.eager_steps = 0
 
-    def _step(self, k: int) -> None:
+    def step(self, k: int) -> None:
         """The local step of the first k clients on the static buffers (what a graph captures)."""
         index = self.index[:k]
         local_step(
@@ -178,11 +180,11 @@ class CapturedCohort:
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(_WARMUPS):
-                self._step(k)
+                self.step(k)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._step(k)
+            self.step(k)
         self.graphs[k] = graph
         while len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)
@@ -211,7 +213,7 @@ class CapturedCohort:
                 self.weight[:k].copy_(plan.weight[s, :k])
                 graph = self.graphs.get(k)
                 if graph is None:
-                    self._step(k)
+                    self.step(k)
                     self.eager_steps += 1
                 else:
                     self.graphs.move_to_end(k)
@@ -225,7 +227,9 @@ class CapturedCohort:
         t = self.tally
         stacked = _results(params, t.alive[:k_all], t.loss_sum[:k_all], t.correct[:k_all], t.seen[:k_all],
                            t.steps[:k_all], plan.sizes)  # fmt: skip
-        return StackedOutcome(params=params, order=plan.order, results=_reorder(stacked, plan.order))
+        return StackedOutcome(
+            params=params, reference=self.reference, order=plan.order, results=_reorder(stacked, plan.order)
+        )
 
 
 #: Workspaces a worker keeps (a run uses one; a sweep's runs in one process more).
@@ -296,7 +300,7 @@ def train_captured(
     if len(generators) != len(indices):
         raise ValueError(f"{len(indices)} clients but {len(generators)} generators")
     if not indices:
-        return StackedOutcome(params={}, order=[], results=[])
+        return StackedOutcome(params={}, reference={}, order=[], results=[])
     device = x.device
     schedules = [batch_schedule(len(rows), config, g) for rows, g in zip(indices, generators, strict=True)]
     # One width for every round (the configured batch size): a workspace and its graphs serve the whole run.

@@ -142,13 +142,11 @@ def clips_on_device(
 
 
 def clip_and_sum_stacked(
-    outcome: StackedOutcome, parameters: list[np.ndarray], names: list[str], ins: TrainInstructions,
-    partition_ids: list[int], started: float,
-) -> CohortResult:  # fmt: skip
-    """Δ_i = w_i − w, each clipped to C and the accepted ones summed in float64, on the device; one sum to the host."""
-    reference = {name: torch.from_numpy(p).to(next(iter(outcome.params.values())).device)
-                 for name, p in zip(names, parameters, strict=True)}  # fmt: skip
-    deltas = [outcome.params[name] - reference[name] for name in names]
+    outcome: StackedOutcome, names: list[str], ins: TrainInstructions, partition_ids: list[int], started: float
+) -> CohortResult:
+    """Δ_i = w_i − w (w: the global weights the engine trained from), each clipped to C and the accepted ones summed
+    in float64, on the device; one sum to the host."""
+    deltas = [outcome.params[name] - outcome.reference[name] for name in names]
     clipped, norms, finite = clip_stacked(deltas, ins.clip_norm)
     norms_l, finite_l = norms.tolist(), finite.tolist()
     position_of = {i: position for position, i in enumerate(outcome.order)}
@@ -200,7 +198,7 @@ def train_cohort(
         trained = _train_captured(parameters, ins, partition_ids)
         names = weight_names(_model(ins.model, ins.data.dataset, str(resolve_device(ins.device))))
         if clips_on_device(ins, faults, shared_mask, names, list(trained.params)):
-            return clip_and_sum_stacked(trained, parameters, names, ins, partition_ids, started)
+            return clip_and_sum_stacked(trained, names, ins, partition_ids, started)
         finals = _updates(parameters, names, trained.unstacked(), trained.results)
         stacked = dict(zip(partition_ids, finals, strict=True))
     elif engine in ("vectorized", "captured"):

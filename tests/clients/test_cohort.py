@@ -514,7 +514,8 @@ def _stacked_outcome(weights: list[np.ndarray], ins: TrainInstructions, pids: Se
     regularizer = cohort._blur_regularizer(ins)[0]
     finals, results = train_stacked(model, data, ins.training, ins.server_round, generators, CPU, regularizer)
     params = {name: torch.stack([final[name] for final in finals]) for name in finals[0]}
-    return StackedOutcome(params=params, order=list(range(len(pids))), results=results)
+    reference = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return StackedOutcome(params=params, reference=reference, order=list(range(len(pids))), results=results)
 
 
 @pytest.mark.parametrize("case", ["dp_fedavg", "asam", "dp_fedavg_blur"])
@@ -525,7 +526,7 @@ def test_clip_and_sum_on_the_device_is_the_per_client_path(case: str, global_wei
     names = weight_names(build_model_for_dataset("cnn", "fashion_mnist", seed=0))
     outcome = _stacked_outcome(global_weights, ins, PIDS)
     assert cohort.clips_on_device(ins, [""] * 3, None, names, list(outcome.params))
-    got = clip_and_sum_stacked(outcome, global_weights, names, ins, PIDS, started=0.0)
+    got = clip_and_sum_stacked(outcome, names, ins, PIDS, started=0.0)
     want = train_cohort(global_weights, ins, PIDS, [""] * 3, "vectorized")
     assert got.accepted == want.accepted == sorted(PIDS)
     assert got.rejected == want.rejected and got.reclipped == want.reclipped == 0
@@ -545,10 +546,10 @@ def test_clip_and_sum_on_the_device_rejects_non_finite_and_diverged_clients(glob
     outcome = _stacked_outcome(global_weights, ins, PIDS)
     outcome.params[names[0]][1].view(-1)[0] = float("inf")  # PIDS[1] = 5: non-finite weights
     outcome.results[2] = dataclasses.replace(outcome.results[2], diverged=True, loss=math.nan)  # PIDS[2] = 4
-    got = clip_and_sum_stacked(outcome, global_weights, names, ins, PIDS, started=0.0)
+    got = clip_and_sum_stacked(outcome, names, ins, PIDS, started=0.0)
     assert got.accepted == [2] and got.rejected == {"failed": [4], "nonfinite": [5], "shape": []}
     assert len(got.metrics["pre_clip_norm"]) == 1
-    alone = clip_and_sum_stacked(_stacked_outcome(global_weights, ins, [2]), global_weights, names, ins, [2], 0.0)
+    alone = clip_and_sum_stacked(_stacked_outcome(global_weights, ins, [2]), names, ins, [2], 0.0)
     # The sum is the accepted client's alone (trained in a cohort of one: batched float32 kernels, ATOL apart).
     assert _max_diff(got.total, alone.total) <= ATOL
 
