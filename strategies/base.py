@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
@@ -66,7 +66,7 @@ from fl_app.instructions import (
     make_train_instructions,
     resolve_cohort_engine,
 )
-from fl_app.metrics import MetricsWriter
+from fl_app.metrics import OPERATOR_FILE, MetricsWriter
 from fl_app.models import build_model_for_dataset, check_vectorizable, resolve_device
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
@@ -93,7 +93,7 @@ from strategies.randomness import RunRandomness
 from strategies.releasing import RunReleases
 from strategies.rounds import RoundOutcome, RoundPlan, train_messages
 from strategies.run_loop import run_rounds
-from strategies.settings import CohortSize, RunSettings
+from strategies.settings import CohortSize, RunSettings, is_simulation
 from strategies.statistics import ClientStatistics
 
 #: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
@@ -102,6 +102,16 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 #: Called with the strategy whenever what it has released and accounted changes (after a resume's accounting and
 #: after every round's, before the round's model can leave the server): the ServerApp rewrites run.json.
 AccountedFn = Callable[["FederatedStrategy"], None]
+
+
+@dataclass
+class RoundInFlight:
+    """A round between Flower's two hooks: its plan, the replies taken so far (bound, screened, admitted) and
+    whether it is a seeded re-run that repeats a logged release (no new ε)."""
+
+    plan: RoundPlan
+    taken: RoundReplies
+    repeat: bool
 
 
 class FederatedStrategy(Strategy):
@@ -198,11 +208,16 @@ class FederatedStrategy(Strategy):
         #: The global model the last aggregated round started from (cross-round state: Fed-SMP-topk's global mask is
         #: the top-k of the last global update; checkpointed as ``previous_global``).
         self.last_round_global: list[np.ndarray] = []
-        # The plan of the round under way when Flower's own loop drives configure_train / aggregate_train.
-        self._flower_round: RoundPlan | None = None
+        # The round between configure_train and aggregate_train (Flower's hooks share nothing else).
+        self._in_flight: RoundInFlight | None = None
+        #: The outcome of the last round aggregate_train released (what start()'s record and observers read).
+        self.last_outcome: RoundOutcome | None = None
+        # Whether prepare_run() has run (settings, nodes, audit: once, before the first message).
+        self._prepared = False
         self.stop_reason: str | None = None
-        #: The run's releases (strategies/releasing.py): the write-ahead log once start() has a checkpoint directory.
-        self.releases = RunReleases(None, self.private, seeded=True)
+        #: The run's releases (strategies/releasing.py): the write-ahead log in ``checkpoint_dir`` (none without one);
+        #: seeded until resolve_settings() knows the run's randomness.
+        self.releases = RunReleases(self.checkpoint_dir, self.private, seeded=True)
         #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
         self.run_settings: RunSettings | None = None
         #: The server's random sources (strategies/randomness.py); until resolve_settings(), "auto" is the seeded one.
@@ -218,8 +233,11 @@ class FederatedStrategy(Strategy):
         self.cohort_size: CohortSize = 1 if size == "auto" or config.population != "virtual" else int(size)
         #: Releases this run has logged (and accounted), resumed ones included: run.json's ``rounds_released``.
         self.rounds_released = 0
-        #: The run's canary audit (``audit``; created in start()).
+        #: The run's canary audit (``audit``; created by prepare_run()).
         self.auditor: CanaryAuditor | None = None
+        if resume_from is not None:
+            # Before anything can read the guarantee (run.json's first write, a failure before the first round).
+            self._restore(resume_from)
 
     def resolve_settings(self, simulation: bool) -> None:
         """Resolve every setting that depends on where the run happens (strategies/settings.py), once, before
@@ -230,7 +248,54 @@ class FederatedStrategy(Strategy):
         self.randomness = replace(self.randomness, secure=settings.secure_noise, deployment=not settings.simulation)
         self.statistics = replace(self.statistics, mode=settings.client_statistics)
         self.cohort_size = settings.cohort_size
+        self.releases.seeded = not settings.secure_noise
         self.run_settings = settings
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        """Restore the checkpoint's state and account every release logged after it (each left the server, and the
+        ledger restored from the checkpoint has not counted it)."""
+        self.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays)
+        logged = int(checkpoint.strategy_state.get("releases_logged", 0))
+        self.rounds_released = int(checkpoint.strategy_state.get("releases_logged", checkpoint.round))
+        owed = self.releases.owed_after(logged)
+        for release in owed:
+            self.account_release(release)
+        self.rounds_released += len(owed)
+        log(INFO, "Resuming after round %d (epsilon so far %.4g)", checkpoint.round, self.epsilon())
+
+    def prepare_run(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float | None = None) -> None:
+        """Once, before the run's first message, whoever drives the hooks: every "auto" setting resolved for
+        ``grid`` (seeded randomness refused on a grid that is not the simulation engine), the nodes connected, the
+        canary audit set up. :meth:`configure_train` calls it; later calls do nothing."""
+        if self._prepared:
+            return
+        self.resolve_settings(is_simulation(grid))
+        self.summary()
+        self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
+        if self.config.audit.enabled:
+            self.auditor = CanaryAuditor(
+                self.config,
+                shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
+                directory=None if self.checkpoint_dir is None else self.checkpoint_dir / "audit",
+            )
+            if (checkpoint := self.resume_from) is not None:
+                state, arrays = checkpoint.strategy_state, checkpoint.strategy_arrays
+                self.auditor.canaries.load_state(state, arrays, checkpoint.round)
+        if not self.statistics.publishes_raw:
+            log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
+                "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
+        self._prepared = True
+
+    def over_budget(self, server_round: int) -> str | None:
+        """Step 1, the budget guard: why ``server_round`` must not run (ε would pass ``privacy.max_epsilon``), or
+        None."""
+        limit = self.config.privacy.max_epsilon
+        if not self.private or limit is None:
+            return None
+        next_eps = self.projected_epsilon()
+        if next_eps <= limit:
+            return None
+        return f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} > max_epsilon={limit}"
 
     def _check_cohort_engine(self) -> None:
         """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
@@ -521,9 +586,71 @@ class FederatedStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """Flower's hook: the plan's messages (the plan is kept for :meth:`aggregate_train` of the same round)."""
-        self._flower_round = self.plan_round(server_round, arrays, config)
-        return self._flower_round.messages
+        """Flower's hook, steps 1-3: the run prepared (once), the budget guard, the round's sample and messages. The
+        round's plan is kept for :meth:`aggregate_train` of the same round; a round the guard stops sends nothing."""
+        if self.resume_from is not None and not self._prepared:
+            raise RuntimeError(
+                "resume_from: a resumed run continues after its checkpointed round with the checkpoint's model; "
+                "run it with this strategy's start(), not a loop that starts at round 1"
+            )
+        self.prepare_run(grid, arrays)
+        self._in_flight = None
+        if self.stop_reason is not None:
+            return []
+        # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
+        repeat = self.releases.repeats(server_round)
+        if not repeat and (reason := self.over_budget(server_round)) is not None:
+            self.stop_reason = reason
+            log(WARNING, "Stopping before round %d: %s", server_round, reason)
+            return []
+        plan = self.plan_round(server_round, arrays, config)
+        self._in_flight = RoundInFlight(plan, self.receiver(plan), repeat)
+        return plan.messages
+
+    @property
+    def round_in_flight(self) -> RoundInFlight | None:
+        """The round :meth:`configure_train` planned and :meth:`aggregate_train` has not yet released."""
+        return self._in_flight
+
+    @property
+    def takes_replies_as_they_arrive(self) -> bool:
+        """Whether start() may screen a round's replies as they arrive, before :meth:`aggregate_train` is called:
+        only when this class's aggregate_train is the one that takes them (an override must see every reply)."""
+        return type(self).aggregate_train is FederatedStrategy.aggregate_train
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Flower's hook, steps 5-7: bind, screen and admit the replies, aggregate, add the noise, log the release
+        ahead and account it; the released model and the round's statistics as ``privacy.client_statistics``
+        allows them to be published (nothing else leaves in the MetricRecord). (None, None) after the budget
+        guard stopped the run."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is None and self.stop_reason is not None:
+            return None, None
+        if in_flight is None or in_flight.plan.server_round != server_round:
+            raise RuntimeError(f"aggregate_train({server_round}) without configure_train of that round")
+        in_flight.taken.take(replies)
+        outcome = self.aggregate_taken(in_flight.taken)
+        self._release(in_flight, outcome)
+        published = {k: v for k, v in outcome.published.items() if isinstance(v, (int, float))}
+        return ArrayRecord(outcome.new_weights), MetricRecord(published)
+
+    def _release(self, in_flight: RoundInFlight, outcome: RoundOutcome) -> None:
+        """Step 7: the round's model logged as released (write-ahead), accounted, run.json told, and the published
+        statistics drawn, all before the model can leave the server."""
+        server_round = in_flight.plan.server_round
+        if self.auditor is not None:
+            self.auditor.round_released(server_round, in_flight.plan.global_weights, outcome.new_weights)
+        if self.private:
+            self.releases.record(self.release(server_round, outcome.new_weights))
+        if not in_flight.repeat:
+            self.account_round()
+            self.rounds_released += int(self.private)
+        if self.on_accounted is not None:
+            self.on_accounted(self)
+        outcome.published = self.published_statistics(server_round, outcome.stats)
+        self.last_outcome = outcome
 
     # ----- cohort mode (issue 12) ---------------------------------------------------------------------------
 
@@ -541,18 +668,6 @@ class FederatedStrategy(Strategy):
         if count == 0:
             return None
         return balance_cohorts(sampled, [self.local_work(pid) for pid in sampled], count)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        plan = self._flower_round
-        if plan is None or plan.server_round != server_round:
-            raise RuntimeError(f"aggregate_train({server_round}) without configure_train of that round")
-        self._flower_round = None
-        outcome = self.aggregate(plan, replies)
-        return ArrayRecord(outcome.new_weights), MetricRecord(
-            {k: v for k, v in outcome.stats.items() if isinstance(v, (int, float))}
-        )
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -116,3 +116,6 @@ class RoundOutcome:
 
     new_weights: list[np.ndarray]
     stats: dict[str, Any] = field(default_factory=dict)
+    #: ``stats`` as ``privacy.client_statistics`` allows them to be published (drawn once, when the round's model
+    #: is released: a noisy count is one release, not one per reader).
+    published: dict[str, Any] = field(default_factory=dict)

@@ -14,25 +14,18 @@ from __future__ import annotations
 
 import math
 import time
-from logging import INFO, WARNING
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from fl_app.metrics import OPERATOR_FILE
-from strategies.aggregation import RoundReplies
-from strategies.auditing import CanaryAuditor
 from strategies.messaging import send_and_receive
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
-from strategies.releasing import RunReleases
 from strategies.rounds import RoundOutcome
-from strategies.settings import is_simulation
 
 if TYPE_CHECKING:
-    from strategies.base import EvaluateFn, FederatedStrategy
+    from strategies.base import EvaluateFn, FederatedStrategy, RoundInFlight
 
 
 def run_rounds(
@@ -44,37 +37,30 @@ def run_rounds(
     train_config: ConfigRecord | None,
     evaluate_fn: EvaluateFn | None,
 ) -> Result:
-    """Run ``strategy``'s rounds on ``grid`` (Flower's ``Strategy.start`` contract: see its docstring)."""
+    """Run ``strategy``'s rounds on ``grid`` (Flower's ``Strategy.start`` contract: see its docstring). Each round
+    is ``strategy.configure_train`` → the grid → ``strategy.aggregate_train``, as under Flower's own loop, so a
+    subclass's overrides of the hooks run; the loop adds resume, the record, evaluation and the observers."""
     observers = _observers(strategy, num_rounds)
-    strategy.resolve_settings(is_simulation(grid))  # once: a no-op when the ServerApp already did it
-    strategy.summary()
-    strategy.population.connect(grid, timeout)
+    strategy.prepare_run(grid, initial_arrays, timeout)  # settings, nodes, audit: once
     train_config = ConfigRecord() if train_config is None else train_config
     result = Result()
-    strategy.releases = RunReleases(strategy.checkpoint_dir, strategy.private, seeded=not strategy.secure_noise)
-    if strategy.config.audit.enabled:
-        strategy.auditor = CanaryAuditor(
-            strategy.config,
-            shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
-            directory=None if strategy.checkpoint_dir is None else strategy.checkpoint_dir / "audit",
-        )
     arrays, first_round = initial_arrays, 1
-    if strategy.resume_from is not None:
-        arrays = result.arrays = _resume(strategy)
+    if strategy.resume_from is not None:  # its state and owed releases were accounted when it was built
+        arrays = result.arrays = ArrayRecord(strategy.resume_from.weights)
         first_round = strategy.resume_from.round + 1
     else:
         for observer in observers:
             if isinstance(observer, Checkpointer):
                 observer.save(strategy, 0, initial_arrays.to_numpy_ndarrays())
-    if not strategy.statistics.publishes_raw:
-        log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
-            "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
     if strategy.on_accounted is not None:
         strategy.on_accounted(strategy)
     # Flower's start() evaluates the initial model too; here after the first round's release (before that round's
     # own evaluation), so that the workers' start-up and first round do not wait for it: the same model and test
     # set, so the same result.
     initial_pending = evaluate_fn is not None and strategy.resume_from is None
+    # Replies are screened as they arrive only when the strategy's own aggregate_train takes them (a subclass's
+    # override must see every reply).
+    early_taking = strategy.takes_replies_as_they_arrive
     # A round's observers run once the next round's messages are out (after the last round: at once), while its
     # clients train: the checkpoint's write and the metrics line are off the path from one round's replies to the
     # next round's start, and the checkpoint still follows the release within milliseconds (a crash in between
@@ -83,34 +69,21 @@ def run_rounds(
     completed = _CompletedRounds(strategy, observers)
     try:
         for server_round in range(first_round, num_rounds + 1):
-            # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
-            repeat = strategy.releases.repeats(server_round)
-            if not repeat and (reason := _over_budget(strategy, server_round)) is not None:
-                strategy.stop_reason = reason
-                log(WARNING, "Stopping before round %d: %s", server_round, reason)
-                break
             t0 = time.perf_counter()
-            plan = strategy.plan_round(server_round, arrays, train_config)
-            taken = strategy.receiver(plan)
-            early = _EarlyReplies(strategy, taken)
+            messages = list(strategy.configure_train(server_round, arrays, train_config, grid))
+            if strategy.stop_reason is not None:  # the budget guard (step 1)
+                break
+            in_flight = strategy.round_in_flight
+            early = _EarlyReplies(strategy, in_flight, early_taking)
             # The previous round's observers run as soon as this round's messages are out.
-            replies = send_and_receive(
-                grid, plan.messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush
-            )
+            replies = send_and_receive(grid, messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush)
             t_replies = time.perf_counter()
-            taken.take(replies[early.count :])
-            outcome = strategy.aggregate_taken(taken)
+            released, _ = strategy.aggregate_train(server_round, replies[early.count :])
+            outcome = strategy.last_outcome
+            if released is None or outcome is None:
+                raise RuntimeError(f"aggregate_train({server_round}) released no model")
             t_aggregated = time.perf_counter()
-            if strategy.auditor is not None:
-                strategy.auditor.round_released(server_round, plan.global_weights, outcome.new_weights)
-            if strategy.private:
-                strategy.releases.record(strategy.release(server_round, outcome.new_weights))
-            arrays = result.arrays = ArrayRecord(outcome.new_weights)
-            if not repeat:
-                strategy.account_round()
-                strategy.rounds_released += int(strategy.private)
-            if strategy.on_accounted is not None:
-                strategy.on_accounted(strategy)
+            arrays = result.arrays = released
             if initial_pending:
                 _evaluate_initial(evaluate_fn, initial_arrays, result)
                 initial_pending = False
@@ -178,17 +151,19 @@ class _CompletedRounds:
 
 class _EarlyReplies:
     """The server's work before a round's last reply is in, on the core the first cohorts to finish left idle: at
-    the first reply the noise starts drawing on a thread (fl_app/privacy/prefetch.py), and every reply that arrives
-    while others are outstanding is screened and admitted then. (``send_and_receive`` returns the replies in the
-    order they arrived, so the rest are the ones after the first ``count``.)"""
+    the first reply the noise starts drawing on a thread (fl_app/privacy/prefetch.py), and (``take``) every reply
+    that arrives while others are outstanding is screened and admitted then. (``send_and_receive`` returns the
+    replies in the order they arrived, so the rest are the ones after the first ``count``.)"""
 
-    def __init__(self, strategy: FederatedStrategy, taken: RoundReplies) -> None:
-        self.strategy, self.taken, self.count = strategy, taken, 0
+    def __init__(self, strategy: FederatedStrategy, in_flight: RoundInFlight | None, take: bool) -> None:
+        self.strategy, self.in_flight, self.take, self.count = strategy, in_flight, take, 0
 
     def arrived(self, replies: list[Message], still_pending: int) -> None:
-        self.strategy.draw_noise_ahead(self.taken.plan)
-        if still_pending:
-            self.taken.take(replies)
+        if self.in_flight is None:
+            return
+        self.strategy.draw_noise_ahead(self.in_flight.plan)
+        if still_pending and self.take:
+            self.in_flight.taken.take(replies)
             self.count += len(replies)
 
 
@@ -210,39 +185,10 @@ def _observers(strategy: FederatedStrategy, num_rounds: int) -> list[RoundObserv
     return observers + list(strategy.observers)
 
 
-def _resume(strategy: FederatedStrategy) -> ArrayRecord:
-    """Restore the checkpoint's state and account every release logged after it; the checkpointed model."""
-    checkpoint = strategy.resume_from
-    assert checkpoint is not None
-    strategy.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays)
-    if strategy.auditor is not None:
-        strategy.auditor.canaries.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays, checkpoint.round)
-    logged = int(checkpoint.strategy_state.get("releases_logged", 0))
-    strategy.rounds_released = int(checkpoint.strategy_state.get("releases_logged", checkpoint.round))
-    # Models released after the checkpoint was written left the server: each counts now.
-    owed = strategy.releases.owed_after(logged)
-    for release in owed:
-        strategy.account_release(release)
-    strategy.rounds_released += len(owed)
-    log(INFO, "Resuming after round %d (epsilon so far %.4g)", checkpoint.round, strategy.epsilon())
-    return ArrayRecord(checkpoint.weights)
-
-
-def _over_budget(strategy: FederatedStrategy, server_round: int) -> str | None:
-    """Step 1, the budget guard: why ``server_round`` must not run (ε would pass ``privacy.max_epsilon``), or None."""
-    limit = strategy.config.privacy.max_epsilon
-    if not strategy.private or limit is None:
-        return None
-    next_eps = strategy.projected_epsilon()
-    if next_eps <= limit:
-        return None
-    return f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} > max_epsilon={limit}"
-
-
 def _round_record(strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome) -> dict[str, Any]:
     """Step 8's record before evaluation: the statistics as published, the strategy's extras, the guarantee so far."""
     private = strategy.private
-    published = strategy.published_statistics(server_round, outcome.stats)
+    published = outcome.published
     record: dict[str, Any] = {"round": server_round, **published, **strategy.round_extras()}
     record["epsilon"] = strategy.epsilon() if private else None
     record["delta"] = strategy.config.privacy.delta if private else None

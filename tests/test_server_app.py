@@ -92,3 +92,68 @@ def test_run_json_says_which_runs_share_the_noise(tmp_path: Path, stream: str) -
     else:
         assert claim["key"] == noise_stream_key(config) is not None
         assert "independent" in claim["shared_with"]
+
+
+# ----- issue 32 §7: a resume accounts the checkpoint and the release log before run.json's first write -----------
+
+
+class NoNodes(WatchingGrid):
+    """No SuperNode ever connects."""
+
+    def get_node_ids(self) -> list[int]:
+        return []
+
+
+class FailsAtFirstPush(WatchingGrid):
+    """A node for every client connects (``population=nodes``); the grid fails at the first push: the query that
+    asks each node for its partition, before the first round."""
+
+    def get_node_ids(self) -> list[int]:
+        return list(range(1, M + 1))
+
+    def push_messages(self, messages):
+        raise RuntimeError("push failed")
+
+
+class ReadsRunJsonOnContact(WatchingGrid):
+    """Reads run.json when the run first asks for its nodes (after the ServerApp's first write), then fails."""
+
+    def get_node_ids(self) -> list[int]:
+        self.seen.append(json.loads((self.out / "run.json").read_text()))
+        raise RuntimeError("the SuperLink went away")
+
+
+def _killed_after_two_releases(out: Path) -> list[str]:
+    """A run that released rounds 1 and 2 and died in round 3, with only the initial model checkpointed."""
+    run = [*RUN, "checkpoint_every=10"]
+    with pytest.raises(RuntimeError, match="went away"):
+        run_federated(WatchingGrid(out, fail_round=3), compose_config(run), out, progress=False)
+    return [*run, f"resume={out}", "round_timeout=1"]
+
+
+def _assert_states_two_releases(meta: dict) -> None:
+    assert meta["rounds_released"] == meta["rounds_accounted"] == 2
+    assert meta["epsilon"] == pytest.approx(compute_epsilon(SIGMA, Q, 2, 1 / M))
+
+
+@pytest.mark.parametrize(
+    ("grid_class", "error", "extra"),
+    [
+        (NoNodes, "SuperNode", []),
+        (FailsAtFirstPush, "push failed", ["population=nodes"]),
+        (ReadsRunJsonOnContact, "went away", []),
+    ],
+    ids=["no-node-connects", "fails-at-first-push", "run-json-before-the-grid"],
+)
+def test_a_resume_that_fails_before_its_first_round_never_understates_epsilon(
+    tmp_path: Path, grid_class: type, error: str, extra: list[str]
+) -> None:
+    resume = _killed_after_two_releases(tmp_path)
+    grid = grid_class(tmp_path)
+    with pytest.raises(Exception, match=error):
+        run_federated(grid, compose_config([*resume, *extra]), tmp_path, progress=False)
+    for meta in grid.seen:  # every write the grid could see
+        _assert_states_two_releases(meta)
+    final = json.loads((tmp_path / "run.json").read_text())
+    assert final["status"] == "failed" and error in final["error"]
+    _assert_states_two_releases(final)
