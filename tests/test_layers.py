@@ -32,9 +32,9 @@ def _files(*patterns: str) -> list[Path]:
 #: (files, packages they must not import)
 RULES = [
     (("fl_app/choices.py",), ("fl_app", "clients", "strategies", "flwr", "torch")),
-    (("fl_app/privacy/*.py",), ("clients", "strategies", "fl_app.client_app", "fl_app.server_app", "flwr")),
+    (("fl_app/privacy/**/*.py",), ("clients", "strategies", "fl_app.client_app", "fl_app.server_app", "flwr")),
     (("fl_app/instructions.py",), ("clients", "strategies", "fl_app.privacy")),
-    (("fl_app/models.py", "fl_app/data/*.py", "fl_app/config.py"), ("clients", "strategies", "flwr")),
+    (("fl_app/models.py", "fl_app/data/**/*.py", "fl_app/config/*.py"), ("clients", "strategies", "flwr")),
     (("clients/*.py",), ("strategies", "fl_app.server_app")),
     (("strategies/*.py",), ("clients", "fl_app.client_app", "fl_app.server_app")),
 ]

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import logging
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -71,8 +72,12 @@ class ClientPathGrid(FakeGrid):
 
 @contextlib.contextmanager
 def _patched(name: str, replacement: Callable[..., object]) -> Iterator[None]:
+    # Patched where every caller outside the package reads it, and in the submodule that defines it, where the
+    # package's own callers read it (reclip → clip_update, client_noise_topup_std → gaussian_noise_std).
+    defining = sys.modules[getattr(mech, name).__module__]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(mech, name, replacement)
+        patch.setattr(defining, name, replacement)
         yield
 
 

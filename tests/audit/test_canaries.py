@@ -217,7 +217,11 @@ def test_the_correct_mechanism_is_not_a_violation() -> None:
 def test_noise_switched_off_while_the_accountant_counts_sigma_is_a_violation(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(mech, "gaussian_noise_std", lambda *args, **kwargs: 0.0)
+    def no_noise(*args: Any, **kwargs: Any) -> float:
+        return 0.0
+
+    monkeypatch.setattr(mech, "gaussian_noise_std", no_noise)
+    monkeypatch.setattr(mech.noise, "gaussian_noise_std", no_noise)  # the package's own callers (the client top-up)
     strategy = _run(*AUDITED, rounds=5)
     result = strategy.audit_result
     assert result is not None and result.violation
@@ -232,7 +236,12 @@ def test_a_client_path_that_skips_the_clip_is_a_violation(monkeypatch: pytest.Mo
     overrides = (*AUDITED, "privacy.placement=client", "privacy.sampling=fixed", "privacy.noise_multiplier=10",
                  "audit.canary_scale=100")  # fmt: skip
     assert not _run(*overrides, rounds=5, grid=ClientPathGrid()).audit_result.violation  # the clip holds it to C
-    monkeypatch.setattr("clients.recipes.mech.clip_update", lambda update, c: ([np.array(u) for u in update], 0.0))
+
+    def no_clip(update: list[np.ndarray], c: float) -> tuple[list[np.ndarray], float]:
+        return [np.array(u) for u in update], 0.0
+
+    monkeypatch.setattr("clients.recipes.mech.clip_update", no_clip)
+    monkeypatch.setattr(mech.clipping, "clip_update", no_clip)  # the package's own callers (reclip)
     result = _run(*overrides, rounds=5, grid=ClientPathGrid()).audit_result
     assert result is not None and result.violation
 

@@ -1,0 +1,83 @@
+"""One validated, typed configuration for a run — the only place where config values are range-checked.
+
+Hydra composes ``conf/`` (from the command line in :mod:`fl_app.main`, or from the ``flwr run`` run-config in
+:mod:`fl_app.server_app`), :func:`load_app_config` turns the composed tree into frozen dataclasses and rejects
+bad values with one message that names the key and the allowed range, before Ray or any worker starts.
+
+One idea a module: ``readers`` (:class:`ConfigError`, :func:`require` and the typed readers), one module a section
+(``strategy_settings``, ``training`` for client, dataset and model, ``privacy`` with the run's noise key,
+``simulation``, ``audit``, ``server_optimizer``, ``faults``), ``app`` (:class:`AppConfig`, :func:`validate`,
+:func:`load_app_config`) and ``overrides`` (run-config and keyword overrides, :func:`compose_config`); every name
+is imported from here.
+"""
+
+from fl_app.config.app import AppConfig, load_app_config, validate
+from fl_app.config.audit import AuditConfig
+from fl_app.config.faults import FaultInjectionConfig
+from fl_app.config.overrides import (
+    CONF_DIR,
+    GROUP_KEYS,
+    SCALAR_KEYS,
+    SETTING_SECTIONS,
+    compose_config,
+    overrides_from_run_config,
+    settings_overrides,
+)
+from fl_app.config.privacy import NOISE_KEY_IGNORES, PrivacyConfig, noise_stream_key
+from fl_app.config.readers import ConfigError, require
+from fl_app.config.server_optimizer import ServerOptimizerConfig
+from fl_app.config.simulation import SimulationConfig
+from fl_app.config.strategy_settings import (
+    LEGACY_STRATEGY_KEYS,
+    STRATEGY_BASE,
+    BlurConfig,
+    BlurSparseConfig,
+    MaskedConfig,
+    NoisyConfig,
+    NoisyProxConfig,
+    RandKConfig,
+    SMPTopKConfig,
+    SparseConfig,
+    StrategyConfig,
+    TopKConfig,
+    upgrade_stored_config,
+)
+from fl_app.config.training import ClientConfig, DatasetConfig, ModelConfig
+
+__all__ = [
+    "CONF_DIR",
+    "GROUP_KEYS",
+    "LEGACY_STRATEGY_KEYS",
+    "NOISE_KEY_IGNORES",
+    "SCALAR_KEYS",
+    "SETTING_SECTIONS",
+    "STRATEGY_BASE",
+    "AppConfig",
+    "AuditConfig",
+    "BlurConfig",
+    "BlurSparseConfig",
+    "ClientConfig",
+    "ConfigError",
+    "DatasetConfig",
+    "FaultInjectionConfig",
+    "MaskedConfig",
+    "ModelConfig",
+    "NoisyConfig",
+    "NoisyProxConfig",
+    "PrivacyConfig",
+    "RandKConfig",
+    "SMPTopKConfig",
+    "ServerOptimizerConfig",
+    "SimulationConfig",
+    "SparseConfig",
+    "StrategyConfig",
+    "TopKConfig",
+    "compose_config",
+    "load_app_config",
+    "noise_stream_key",
+    "overrides_from_run_config",
+    "require",
+    "settings_overrides",
+    "upgrade_stored_config",
+    "validate",
+]

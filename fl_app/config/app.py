@@ -1,0 +1,132 @@
+"""The whole validated configuration of a run: :class:`AppConfig`, :func:`validate` (a composed mapping, every
+group checked and the checks across groups) and :func:`load_app_config` (a Hydra-composed ``DictConfig``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from fl_app.choices import POPULATIONS, PopulationMode
+from fl_app.config.audit import AuditConfig, _validate_audit
+from fl_app.config.faults import FaultInjectionConfig, _validate_faults
+from fl_app.config.privacy import PrivacyConfig, _check_adaptive_support, _validate_privacy
+from fl_app.config.readers import ConfigError, _choice, _finite, _require
+from fl_app.config.server_optimizer import ServerOptimizerConfig, _validate_server_optimizer
+from fl_app.config.simulation import SimulationConfig, _validate_simulation
+from fl_app.config.strategy_settings import StrategyConfig, _strategy_class, _validate_strategy
+from fl_app.config.training import (
+    ClientConfig,
+    DatasetConfig,
+    ModelConfig,
+    _validate_client,
+    _validate_dataset,
+    _validate_model,
+)
+
+
+@dataclass(frozen=True)
+class AppConfig:
+    seed: int
+    num_rounds: int
+    eval_every: int
+    population: PopulationMode
+    round_timeout: float
+    checkpoint_every: int
+    resume: str | None
+    output_dir: str | None
+    strategy: StrategyConfig
+    client: ClientConfig
+    dataset: DatasetConfig
+    model: ModelConfig
+    privacy: PrivacyConfig
+    simulation: SimulationConfig
+    # Frozen dataclasses, so immutable defaults (ruff sees that only in the module that defines them).
+    fault_injection: FaultInjectionConfig = FaultInjectionConfig()  # noqa: RUF009
+    audit: AuditConfig = AuditConfig()  # noqa: RUF009
+    server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()  # noqa: RUF009
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_raw(self) -> dict[str, Any]:
+        """The composed-config form that :func:`validate` accepts (round trip: ``validate(c.to_raw()) == c``)."""
+        raw = asdict(self)
+        raw["strategy"]["_target_"] = raw["strategy"].pop("target")
+        raw["fault_injection"] = {k: list(v) for k, v in raw["fault_injection"].items()}
+        return raw
+
+
+def validate(raw: Mapping[str, Any]) -> AppConfig:
+    """Turn a plain composed config mapping into an :class:`AppConfig`, or raise :class:`ConfigError`."""
+    groups = ("strategy", "client", "dataset", "model", "privacy", "simulation")
+    top = {f.name for f in fields(AppConfig)}
+    unknown = sorted(set(raw) - top - {"hydra"})
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(unknown)}; known: {', '.join(sorted(top))}")
+    for group in groups:
+        if not isinstance(raw.get(group), Mapping):
+            raise ConfigError(f"config group {group!r} is missing or not a mapping")
+    dataset = _validate_dataset(raw["dataset"])
+    output_dir = raw.get("output_dir")
+    _require(output_dir is None or isinstance(output_dir, str), "output_dir", output_dir, "a path or null")
+    simulation = _validate_simulation(raw["simulation"])
+    population = _choice(raw, "population", "", POPULATIONS)
+    if population == "nodes":
+        # Each SuperNode owns one partition and trains only it: a cohort of several would need other nodes' data.
+        _require(simulation.cohort_size in (1, "auto"), "simulation.cohort_size", simulation.cohort_size,
+                 "1 or 'auto' with population=nodes (one client per SuperNode)")  # fmt: skip
+    strategy = _validate_strategy(raw["strategy"])
+    strategy_class = _strategy_class(raw["strategy"])
+    privacy = _validate_privacy(raw["privacy"], dataset.num_clients)
+    _check_adaptive_support(privacy, strategy_class)
+    return AppConfig(
+        seed=_top_int(raw, "seed", 0),
+        num_rounds=_top_int(raw, "num_rounds", 1),
+        eval_every=_top_int(raw, "eval_every", 1),
+        population=population,  # type: ignore[arg-type]
+        round_timeout=_positive_top(raw, "round_timeout"),
+        checkpoint_every=_top_int(raw, "checkpoint_every", 0),
+        resume=_optional_path(raw, "resume"),
+        output_dir=output_dir,
+        strategy=strategy,
+        client=_validate_client(raw["client"]),
+        dataset=dataset,
+        model=_validate_model(raw["model"]),
+        privacy=privacy,
+        simulation=simulation,
+        fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
+        audit=_validate_audit(raw.get("audit") or {}, strategy_class),
+        # Configs stored before server optimizers existed (checkpoints) resume with the plain server step.
+        server_optimizer=_validate_server_optimizer(raw.get("server_optimizer") or {"name": "sgd"}),
+    )
+
+
+def _top_int(raw: Mapping[str, Any], key: str, minimum: int) -> int:
+    value = raw.get(key)
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    _require(ok, key, value, f"an integer >= {minimum}")
+    return int(value)  # type: ignore[arg-type]
+
+
+def _optional_path(raw: Mapping[str, Any], key: str) -> str | None:
+    value = raw.get(key)
+    _require(value is None or (isinstance(value, str) and bool(value)), key, value, "a path or null")
+    return value
+
+
+def _positive_top(raw: Mapping[str, Any], key: str) -> float:
+    value = raw.get(key)
+    _require(_finite(value) and float(value) > 0, key, value, "a number > 0")  # type: ignore[arg-type]
+    return float(value)  # type: ignore[arg-type]
+
+
+def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
+    """Validate a Hydra-composed config (``DictConfig``) or an equivalent plain mapping."""
+    raw = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    assert isinstance(raw, dict)
+    raw.pop("hydra", None)
+    return validate(raw)
