@@ -11,9 +11,15 @@ from typing import Literal, get_args
 Sampling = Literal["poisson", "fixed"]
 SAMPLINGS: tuple[str, ...] = get_args(Sampling)
 
-#: ``privacy.accountant``: Opacus RDP, Opacus PRV, dp_accounting PLD (fl_app/privacy/accounting.py).
+#: ``privacy.accountant``: Opacus RDP, Opacus PRV, dp_accounting PLD (fl_app/privacy/accounting.py): the methods that
+#: compose the sampled Gaussian mechanism (fl_app/privacy/accountants/sampled_gaussian.py).
 AccountantName = Literal["rdp", "prv", "pld"]
 ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
+
+#: The accountants fl_app/privacy/accountants/registry.py creates by name: the sampled Gaussian methods above, the
+#: μ-GDP bound of Noisy-FedAvg/FedProx, and Flower's own RdpAccountant (``register_accountant`` adds more at run time).
+RegisteredAccountant = Literal[AccountantName, "gdp", "flower-rdp"]
+REGISTERED_ACCOUNTANTS: tuple[str, ...] = get_args(RegisteredAccountant)
 
 #: ``privacy.placement``: where the round's Gaussian noise is added (strategies/placement.py).
 Placement = Literal["client", "server"]

@@ -22,20 +22,29 @@ from fl_app.privacy.accounting import (
 
 Q, SIGMA, DELTA, POPULATION = 0.1, 0.95, 1 / 500, 500
 
+#: SPEC §7's pins at (σ, q, δ) above, (rounds, ε) with their tolerance; tests/privacy/test_accountants.py checks the
+#: same numbers through Flower's interface.
+RDP_POISSON_PINS, RDP_TOLERANCE = [(300, 10.795), (200, 8.515)], 0.01
+PRV_POISSON_PINS, PRV_TOLERANCE = [(300, 9.38), (200, 7.31)], 0.05
+#: Fixed-size sampling, M = 500, m = 50, replace-one sensitivity 2C (dp_accounting multiplier σ/2).
+FIXED_PIN, FIXED_TOLERANCE = (300, 300.8), 0.5
+#: SPEC §7's number for the same event at dp_accounting multiplier σ (replace-one sensitivity C).
+SPEC_FIXED_PIN, SPEC_FIXED_TOLERANCE = (300, 22.47), 0.05
+
 
 # ------------------------------------------------------------------------------------------------------------
 # Pinned values (SPEC §7)
 # ------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("steps", "expected"), [(300, 10.795), (200, 8.515)])
+@pytest.mark.parametrize(("steps", "expected"), RDP_POISSON_PINS)
 def test_rdp_poisson_pins(steps: int, expected: float) -> None:
-    assert compute_epsilon(SIGMA, Q, steps, DELTA) == pytest.approx(expected, abs=0.01)
+    assert compute_epsilon(SIGMA, Q, steps, DELTA) == pytest.approx(expected, abs=RDP_TOLERANCE)
 
 
-@pytest.mark.parametrize(("steps", "expected"), [(300, 9.38), (200, 7.31)])
+@pytest.mark.parametrize(("steps", "expected"), PRV_POISSON_PINS)
 def test_prv_poisson_pins(steps: int, expected: float) -> None:
-    assert compute_epsilon(SIGMA, Q, steps, DELTA, accountant="prv") == pytest.approx(expected, abs=0.05)
+    assert compute_epsilon(SIGMA, Q, steps, DELTA, accountant="prv") == pytest.approx(expected, abs=PRV_TOLERANCE)
 
 
 @pytest.mark.parametrize("steps", [200, 300])
@@ -49,9 +58,9 @@ def test_pld_is_tighter_than_rdp(steps: int) -> None:
 
 
 def test_fixed_size_sampling_pin_and_not_the_poisson_formula() -> None:
-    fixed = compute_epsilon(SIGMA, Q, 300, DELTA, sampling="fixed", population=POPULATION)
+    fixed = compute_epsilon(SIGMA, Q, FIXED_PIN[0], DELTA, sampling="fixed", population=POPULATION)
     # Replace-one sensitivity of the sum of clipped updates is 2C: dp_accounting gets multiplier σ/2.
-    assert fixed == pytest.approx(300.8, abs=0.5)
+    assert fixed == pytest.approx(FIXED_PIN[1], abs=FIXED_TOLERANCE)
     poisson = compute_epsilon(SIGMA, Q, 300, DELTA, sampling="poisson")
     assert fixed > 1.8 * poisson  # never the Poisson formula
 
@@ -61,8 +70,8 @@ def test_spec_fixed_size_pin_is_dp_accounting_with_sensitivity_c() -> None:
     the same event at σ/2 (sensitivity 2C), so the two differ exactly by that factor."""
     rdp = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     event = dp_accounting.SampledWithoutReplacementDpEvent(POPULATION, 50, dp_accounting.GaussianDpEvent(SIGMA))
-    rdp.compose(dp_accounting.SelfComposedDpEvent(event, 300))
-    assert rdp.get_epsilon(DELTA) == pytest.approx(22.47, abs=0.05)
+    rdp.compose(dp_accounting.SelfComposedDpEvent(event, SPEC_FIXED_PIN[0]))
+    assert rdp.get_epsilon(DELTA) == pytest.approx(SPEC_FIXED_PIN[1], abs=SPEC_FIXED_TOLERANCE)
     ours_at_double_sigma = compute_epsilon(2 * SIGMA, Q, 300, DELTA, sampling="fixed", population=POPULATION)
     assert ours_at_double_sigma == pytest.approx(rdp.get_epsilon(DELTA), rel=1e-9)
 
