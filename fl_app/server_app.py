@@ -31,7 +31,8 @@ from fl_app.data.datasets import load_split
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, evaluate, get_weights, resolve_device, set_weights, weight_names
 from fl_app.threads import limit_library_threads
-from strategies.base import EvaluateFn, FederatedStrategy
+from strategies.base import FederatedStrategy
+from strategies.run_loop import EvaluateFn
 from strategies.settings import is_simulation
 
 RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"

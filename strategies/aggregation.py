@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -117,3 +118,13 @@ class RoundReplies:
 def _mean(values: list[float]) -> float:
     finite = [v for v in values if math.isfinite(v)]
     return float(np.mean(finite)) if finite else math.nan
+
+
+@dataclass
+class RoundInFlight:
+    """A round between Flower's two hooks: its plan, the replies taken so far (bound, screened, admitted) and
+    whether it is a seeded re-run that repeats a logged release (no new ε)."""
+
+    plan: RoundPlan
+    taken: RoundReplies
+    repeat: bool

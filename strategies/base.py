@@ -34,10 +34,8 @@ math lives in :mod:`fl_app.privacy`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from functools import partial
+from dataclasses import replace
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar
@@ -45,76 +43,53 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp import Grid, PrivacyAccountant
+from flwr.serverapp.strategy import Strategy
 
-from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
 from fl_app.choices import LocalOptimizer
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
 from fl_app.instructions import (
-    STREAM_ADAPTIVE_CLIP,
-    STREAM_CANARY_SAMPLING,
     STREAM_SAMPLING,
-    STREAM_SERVER_NOISE,
-    STREAM_STATISTICS,
     LocalTrainingConfig,
     NoisyLocalConfig,
     RecipeSpec,
     TrainInstructions,
     local_training_config,
     make_train_instructions,
-    resolve_cohort_engine,
 )
 from fl_app.metrics import OPERATOR_FILE, MetricsWriter
-from fl_app.models import build_model_for_dataset, check_vectorizable, resolve_device
-from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
+from fl_app.privacy.ledger import PrivacyLedger
 from fl_app.privacy.pipeline import (
-    GaussianNoise,
     Mechanism,
-    ServerStep,
     mechanisms_for,
-    run_server_steps,
 )
-from fl_app.privacy.prefetch import PrefetchedNormals
-from fl_app.releases import Release, model_digest
 from fl_app.server_optimizers import ServerOptimizer
-from strategies.aggregation import RoundReplies
-from strategies.auditing import CanaryAuditor, audit_report
-from strategies.clipping import AdaptiveClipNorm, ClipNorm, clip_norm_for
+from strategies.aggregation import RoundInFlight
+from strategies.auditing import CanaryAuditor
+from strategies.clipping import ClipNorm, clip_norm_for
 from strategies.cohorts import balance_cohorts, cohort_count, local_work
+from strategies.guarantee import Guarantee
 from strategies.noise import update_noise_multiplier
 from strategies.observers import RoundObserver
 from strategies.placement import Placement, placement
 from strategies.population import Population
 from strategies.randomness import RunRandomness
 from strategies.releasing import RunReleases
+from strategies.round_steps import AggregationSteps
 from strategies.rounds import RoundOutcome, RoundPlan, train_messages
-from strategies.run_loop import run_rounds
-from strategies.settings import CohortSize, RunSettings, is_simulation
+from strategies.run_loop import RoundLoop
+from strategies.run_state import RunState
+from strategies.settings import CohortSize, RunSettings, check_cohort_engine, is_simulation
 from strategies.statistics import ClientStatistics
 
-#: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
-#: ``test_loss`` and ``test_accuracy`` (and any other numbers) from it.
-EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 #: Called with the strategy whenever what it has released and accounted changes (after a resume's accounting and
 #: after every round's, before the round's model can leave the server): the ServerApp rewrites run.json.
 AccountedFn = Callable[["FederatedStrategy"], None]
 
 
-@dataclass
-class RoundInFlight:
-    """A round between Flower's two hooks: its plan, the replies taken so far (bound, screened, admitted) and
-    whether it is a seeded re-run that repeats a logged release (no new ε)."""
-
-    plan: RoundPlan
-    taken: RoundReplies
-    repeat: bool
-
-
-class FederatedStrategy(Strategy):
+class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strategy):
     """Sampling, validation, uniform fixed-denominator aggregation, noise placement, accounting, metrics."""
 
     #: Whether the strategy runs the client-level Gaussian mechanism and the accountant.
@@ -144,6 +119,7 @@ class FederatedStrategy(Strategy):
         resume_from: Checkpoint | None = None,
         on_accounted: AccountedFn | None = None,
         observers: Sequence[RoundObserver] = (),
+        accountant: PrivacyAccountant | str | None = None,
         **settings: Any,
     ) -> None:
         """Build the strategy from a validated ``config``, or from keyword ``settings`` over conf/'s defaults
@@ -154,8 +130,14 @@ class FederatedStrategy(Strategy):
         ``checkpoint_dir`` (checkpoints, the release log, the audit's files), ``resume_from`` (continue after that
         checkpoint), ``on_accounted`` (called whenever the released and accounted state changes) and ``observers``
         (:class:`strategies.observers.RoundObserver`: told about every completed round, after the metrics log and
-        the checkpoint).
+        the checkpoint). ``accountant`` is an accountant with Flower's ``PrivacyAccountant`` interface (Flower's own
+        ``RdpAccountant`` included) that accounts the releases in place of the one ``privacy.accountant`` names;
+        a name (``"rdp"``, ``"prv"``, ``"pld"``) is that setting.
         """
+        if isinstance(accountant, str):
+            settings["accountant"], accountant = accountant, None
+        #: The accountant the caller gave (None: the one ``privacy.accountant`` names): :meth:`make_ledger`.
+        self.given_accountant = accountant
         if config is None:
             config = compose_config(settings_overrides(self.config_name, settings, self.settings_class))
         elif settings:
@@ -204,7 +186,7 @@ class FederatedStrategy(Strategy):
             opt.name, lr=config.strategy.server_lr, momentum=opt.momentum, beta2=opt.beta2, eps=opt.eps
         )
         self.population = Population(config.population, self.num_clients)
-        self._check_cohort_engine()
+        check_cohort_engine(self.config)
         #: The global model the last aggregated round started from (cross-round state: Fed-SMP-topk's global mask is
         #: the top-k of the last global update; checkpointed as ``previous_global``).
         self.last_round_global: list[np.ndarray] = []
@@ -251,18 +233,6 @@ class FederatedStrategy(Strategy):
         self.releases.seeded = not settings.secure_noise
         self.run_settings = settings
 
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        """Restore the checkpoint's state and account every release logged after it (each left the server, and the
-        ledger restored from the checkpoint has not counted it)."""
-        self.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays)
-        logged = int(checkpoint.strategy_state.get("releases_logged", 0))
-        self.rounds_released = int(checkpoint.strategy_state.get("releases_logged", checkpoint.round))
-        owed = self.releases.owed_after(logged)
-        for release in owed:
-            self.account_release(release)
-        self.rounds_released += len(owed)
-        log(INFO, "Resuming after round %d (epsilon so far %.4g)", checkpoint.round, self.epsilon())
-
     def prepare_run(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float | None = None) -> None:
         """Once, before the run's first message, whoever drives the hooks: every "auto" setting resolved for
         ``grid`` (seeded randomness refused on a grid that is not the simulation engine), the nodes connected, the
@@ -285,179 +255,6 @@ class FederatedStrategy(Strategy):
             log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
                 "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
         self._prepared = True
-
-    def over_budget(self, server_round: int) -> str | None:
-        """Step 1, the budget guard: why ``server_round`` must not run (ε would pass ``privacy.max_epsilon``), or
-        None."""
-        limit = self.config.privacy.max_epsilon
-        if not self.private or limit is None:
-            return None
-        next_eps = self.projected_epsilon()
-        if next_eps <= limit:
-            return None
-        return f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} > max_epsilon={limit}"
-
-    def _check_cohort_engine(self) -> None:
-        """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
-        sim = self.config.simulation
-        try:
-            engine = resolve_cohort_engine(sim.cohort_engine, resolve_device(sim.device).type == "cuda")
-        except ValueError as exc:
-            raise ConfigError(f"invalid config value simulation.cohort_engine={sim.cohort_engine}: {exc}") from exc
-        if sim.cohort_size == 1 or self.config.population != "virtual" or engine == "sequential":
-            return
-        try:
-            check_vectorizable(build_model_for_dataset(self.config.model.name, self.config.dataset.name, seed=0))
-        except ValueError as exc:
-            raise ConfigError(
-                f"invalid config value simulation.cohort_engine={sim.cohort_engine}: {exc}; "
-                "set simulation.cohort_engine=sequential or simulation.cohort_size=1"
-            ) from exc
-
-    # ----- what the run reports about its guarantee -----------------------------------------------------------
-
-    @property
-    def noise_source(self) -> str:
-        if not self.private:
-            return "none"
-        return self.randomness_source
-
-    @property
-    def secure_noise(self) -> bool:
-        """Whether the server's and the clients' draws come from the OS CSPRNG (else seeded streams)."""
-        return self.randomness.secure
-
-    @property
-    def randomness_source(self) -> str:
-        return self.randomness.source()
-
-    def make_ledger(self) -> PrivacyLedger:
-        """The ledger that accounts this strategy's releases: the subsampled Gaussian mechanism's."""
-        p = self.config.privacy
-        return SampledGaussianLedger(p.delta, p.accountant, p.sampling, self.num_clients)
-
-    def dp_guarantee(self) -> dict[str, Any]:
-        """The run's DP claim, as written into ``run.json``: the ledger's account, the mechanism's parameters."""
-        if not self.private:
-            return {"dp_guarantee": "none: non-private reference", "client_statistics": self.client_statistics_claim()}
-        assert self.ledger is not None
-        claim = self.ledger.claim()
-        statement = claim.pop("statement")
-        reason = self.not_covered_reason()
-        if self.auditor is not None and (warning := self.auditor.warning()) is not None:
-            statement = f"{statement} -- {warning}"  # never the guarantee without the audit's contradiction
-        return {
-            "dp_guarantee": self.ledger.uncovered(reason) if reason else statement,
-            **claim,
-            **self.mechanism_claim(),
-            "client_statistics": self.client_statistics_claim(),
-            # Distinct noisy models that have left (or were logged to leave) the server, resumed runs included.
-            "rounds_released": self.rounds_released,
-            "noise_source": self.noise_source,
-            "sampling_source": self.randomness_source,
-            "noise_stream": self.noise_stream_claim(),
-        }
-
-    def mechanism_claim(self) -> dict[str, Any]:
-        """The parameters of the mechanism the ledger accounts (``run.json``)."""
-        p = self.config.privacy
-        return {
-            "noise_multiplier": self.noise_multiplier,
-            "accounted_noise_multiplier": self.accounted_noise_multiplier,
-            "clip_norm": p.clip_norm,
-            "clipping": self.clipping_claim(),
-            "sample_rate": p.sample_rate,
-            "expected_clients": self.expected_clients,
-            "placement": p.placement,
-        }
-
-    def noise_stream_claim(self) -> dict[str, Any]:
-        return self.randomness.noise_stream_claim()
-
-    def not_covered_reason(self) -> str | None:
-        """Why the accountant's ε does not cover this configuration (None = it does)."""
-        return None
-
-    @property
-    def clip_norm(self) -> float:
-        """C_t, the clip norm of the coming round."""
-        return self.clipping.clip_norm
-
-    @property
-    def adaptive_clipping(self) -> bool:
-        return self.clipping.adaptive
-
-    @property
-    def clipped_count_stddev(self) -> float:
-        """σ_b of adaptive clipping's count: ``privacy.clipped_count_stddev``, or m/20."""
-        if isinstance(self.clipping, AdaptiveClipNorm):
-            return self.clipping.count_stddev
-        return self.config.privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(self.expected_clients)
-
-    def clipping_claim(self) -> dict[str, Any]:
-        """How C was chosen (``run.json``): fixed, or adaptive with its parameters and the latest C."""
-        claim = self.clipping.claim()
-        if self.adaptive_clipping:
-            claim["update_noise_multiplier"] = self.noise_multiplier
-        return claim
-
-    @property
-    def client_statistics(self) -> str:
-        """The run's ``privacy.client_statistics`` mode (raw | noisy | none; "auto" until resolved)."""
-        return self.statistics.mode
-
-    def client_statistics_claim(self) -> str:
-        """What the published files say about clients, and whether ε covers it (``run.json``)."""
-        adaptive = self.clipping.count_stddev if isinstance(self.clipping, AdaptiveClipNorm) else None
-        return self.statistics.claim(adaptive)
-
-    def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
-        """The round's statistics as ``privacy.client_statistics`` allows them to be published."""
-        rng = partial(self.noise_rng, server_round, STREAM_STATISTICS)  # drawn only for a noisy count
-        return self.statistics.published(stats, self.expected_clients, self.adaptive_clipping, rng)
-
-    def epsilon(self) -> float:
-        return math.inf if self.ledger is None else self.ledger.epsilon()
-
-    def projected_epsilon(self) -> float:
-        """ε after one more round (the budget guard's question)."""
-        assert self.ledger is not None
-        return self.ledger.projected_epsilon(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
-
-    @property
-    def accounted_noise_multiplier(self) -> float:
-        """The σ the accountant composes: the update's, or the joint one when noisy statistics are released too."""
-        if self.noise_multiplier == 0:
-            return self.noise_multiplier
-        if self.adaptive_clipping:
-            return self.clipping.joint_noise_multiplier(self.noise_multiplier)
-        if not self.statistics.releases_noisy_count:
-            return self.noise_multiplier
-        return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics.noise_multiplier)
-
-    def account_round(self) -> None:
-        if self.ledger is not None:
-            self.ledger.step(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
-
-    def release(self, server_round: int, weights: list[np.ndarray]) -> Release:
-        """This round's noisy model ``weights`` as a release (the write-ahead log's record)."""
-        return Release(
-            round=server_round,
-            noise_multiplier=float(self.accounted_noise_multiplier),
-            sample_rate=float(self.config.privacy.sample_rate),
-            randomness="os-csprng" if self.secure_noise else "seeded",
-            digest=model_digest(weights),
-        )
-
-    def account_release(self, release: Release) -> None:
-        """Count a release logged after the checkpoint this run resumed from (the accountant restored from it has
-        not seen it)."""
-        if self.ledger is not None:
-            self.ledger.step(release.noise_multiplier, release.sample_rate)
-
-    def round_extras(self) -> dict[str, Any]:
-        """Strategy-specific fields of the round record."""
-        return {"gdp_mu": None}
 
     # ----- the client recipe and the round's shared mask (overridden by the sparsified / noisy methods) --------
 
@@ -510,33 +307,6 @@ class FederatedStrategy(Strategy):
         return self.sample(self.num_clients, self.round_rng(server_round, STREAM_SAMPLING))
 
     # ----- Flower Strategy interface ----------------------------------------------------------------------------
-
-    def summary(self) -> None:
-        p = self.config.privacy
-        log(INFO, "Strategy %s (local optimizer: %s)", type(self).__name__, self.local_optimizer)
-        log(
-            INFO,
-            "\tclients M=%d, sampling=%s q=%.4g, m=%.4g",
-            self.num_clients,
-            p.sampling,
-            p.sample_rate,
-            self.expected_clients,
-        )
-        if self.private:
-            log(
-                INFO,
-                "\tC=%.4g sigma=%.4g placement=%s accountant=%s delta=%.3g noise=%s",
-                p.clip_norm,
-                self.noise_multiplier,
-                p.placement,
-                p.accountant,
-                p.delta,
-                self.noise_source,
-            )
-        else:
-            log(INFO, "\tnon-private reference: no clipping, no noise")
-        if self.private and (reason := self.not_covered_reason()):
-            log(WARNING, "The reported epsilon does NOT cover this run: %s", reason)
 
     def plan_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None = None) -> RoundPlan:
         """Steps 2-3: sample the round's clients and build their train messages (one per client, or one per cohort).
@@ -677,196 +447,3 @@ class FederatedStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
-
-    # ----- the aggregation of steps 5-6 -------------------------------------------------------------------------
-
-    def _log_rejection(self, server_round: int, kind: str, reason: str) -> None:
-        # Logs are published. A reason can name a partition (an error text a client wrote, a claimed id), and each
-        # line counts a client: only runs that publish raw client statistics log them; the others keep the counts
-        # in the operator's own record (operator_counts.jsonl).
-        if self.statistics.publishes_raw:
-            log(WARNING, "Round %d: reply rejected (%s): %s", server_round, kind, reason)
-
-    def aggregate(self, plan: RoundPlan, replies: Iterable[Message]) -> RoundOutcome:
-        """Steps 5-6 over the replies to ``plan``'s messages: bind, screen, admit, sum, noise, the server step."""
-        taken = self.receiver(plan)
-        taken.take(replies)
-        return self.aggregate_taken(taken)
-
-    def receiver(self, plan: RoundPlan) -> RoundReplies:
-        """Step 5 for ``plan``'s replies, fed as they arrive (:meth:`RoundReplies.take`: bind, screen, admit);
-        :meth:`aggregate_taken` then finishes the round."""
-        return RoundReplies(plan, self.admit, self._log_rejection)
-
-    def aggregate_taken(self, taken: RoundReplies) -> RoundOutcome:
-        """Step 6 over what :meth:`receiver` took: the canaries, the sum over m, noise, the server step."""
-        plan = taken.plan
-        # Planning changes nothing on the strategy; the round's end does (the next round's previous global).
-        self.last_round_global = plan.global_weights
-        taken.add_canaries(self.num_clients, self.canary_updates(plan))
-        updates, num_clients = taken.ordered()
-        average = self.combine(plan, updates, num_clients)
-        new_weights = self.server_optimizer.step(plan.global_weights, average)
-        stats = taken.statistics(self.clip_norm)
-        if self.private:
-            stats["clip_norm"] = self.clip_norm
-        if self.adaptive_clipping:
-            # The aggregated clients' bits only: canaries and rejected clients have no part in m.
-            rng = self.noise_rng(plan.server_round, STREAM_ADAPTIVE_CLIP)
-            stats.update(self.clipping.after_round(taken.norms, self.expected_clients, rng))
-        return RoundOutcome(new_weights=new_weights, stats=stats)
-
-    def admit(
-        self, plan: RoundPlan, total: list[np.ndarray], clients: int = 1, norm: float = math.nan
-    ) -> tuple[list[np.ndarray], int]:
-        """Step 5 for a screened sum of ``clients`` updates: the round's mask, the server's clip to clients·C;
-        (sum, clients if it had to be re-clipped else 0). ``norm`` is the sum's global L2 norm as the screening
-        measured it (NaN: measured here)."""
-        if plan.mask is not None:
-            # The round's mask is public; whatever a client sent outside it is dropped.
-            total = mech.apply_mask(total, plan.mask)
-            norm = math.nan  # the masked sum is another vector
-        if not self.server_clips:
-            return total, 0
-        # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply. A cohort's worker
-        # re-clipped each client to C, so a sum of k such updates is within k·C.
-        total, was_reclipped = mech.reclip(total, clients * self.clip_norm, norm=None if math.isnan(norm) else norm)
-        return total, clients * int(was_reclipped)
-
-    def canary_updates(self, plan: RoundPlan) -> list[tuple[int, list[np.ndarray]]]:
-        """This round's canaries (``audit``) after the path a real client's update takes, then :meth:`admit`
-        (strategies/auditing.py). Canaries are not counted in the number of clients (m, the top-up noise,
-        statistics)."""
-        if self.auditor is None:
-            return []
-        joined = self.sample(self.auditor.canaries.count, self.round_rng(plan.server_round, STREAM_CANARY_SAMPLING))
-        sent = self.auditor.updates(plan, joined, self.clip_norm, self.secure_noise, self.num_clients)
-        return [(index, self.admit(plan, update)[0]) for index, update in sent]
-
-    @property
-    def canaries(self) -> CanaryAudit | None:
-        """The run's canary clients (None without ``audit``, or before start())."""
-        return None if self.auditor is None else self.auditor.canaries
-
-    @property
-    def audit_result(self) -> AuditResult | None:
-        """The latest evaluation of the audit."""
-        return None if self.auditor is None else self.auditor.result
-
-    @property
-    def client_clip_norm(self) -> float:
-        """C the client clips its update to (0 = no update clipping)."""
-        return self.clip_norm if self.private else 0.0
-
-    @property
-    def server_clips(self) -> bool:
-        return self.private and self.placement.server_clips
-
-    def combine(self, plan: RoundPlan, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
-        """Step 6: uniform sum over the fixed denominator m, then the pipeline's server steps (the server's share of
-        the noise, the noise's support, post-processing: :attr:`mechanisms`).
-
-        ``updates`` are client updates or cohort sums of them (their sum is the same); ``num_clients`` is the
-        number of client updates they hold.
-        """
-        if not self.private:
-            return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
-        average = mech.uniform_average(updates, self.expected_clients, plan.shapes)
-        rng = plan.server_noise
-        if rng is None:
-            rng = self.noise_rng(plan.server_round, STREAM_SERVER_NOISE)
-        step = ServerStep(
-            noise_std=self.placement.server_noise_std(
-                self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients
-            ),
-            rng=rng,
-            mask=plan.mask,
-            updates=updates,
-        )
-        return run_server_steps(self.mechanisms, average, step)
-
-    def draw_noise_ahead(self, plan: RoundPlan) -> None:
-        """Start drawing the round's server noise on a background thread (:class:`PrefetchedNormals`, the same
-        stream :meth:`combine` would draw from, so the same values): the run calls this when the round's first
-        reply is in, so the draw runs on the core that worker freed instead of after the last reply. Only where the
-        server adds noise whoever answers (server placement); idempotent."""
-        if plan.server_noise is not None or not self.private or self.placement.clients_add_noise:
-            return
-        if not any(isinstance(mechanism, GaussianNoise) for mechanism in self.mechanisms):
-            return
-        plan.server_noise = PrefetchedNormals(self.noise_rng(plan.server_round, STREAM_SERVER_NOISE), plan.shapes)
-
-    # ----- the run -----------------------------------------------------------------------------------------------
-
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: EvaluateFn | None = None,
-    ) -> Result:
-        """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`, as
-        :meth:`flwr.serverapp.strategy.Strategy.start` does: ``result.arrays`` the last released model,
-        ``train_metrics_clientapp`` the round's published client metrics (mean local train loss/accuracy under
-        raw client statistics), ``evaluate_metrics_serverapp`` what ``evaluate_fn`` returned for the initial model
-        (round 0, unless resuming; evaluated after the first round's release, so that round does not wait for it) and
-        after every ``eval_every``-th round and the last. Evaluation is central:
-        ``evaluate_config`` is accepted and unused (clients only train).
-
-        With ``checkpoint_dir`` (constructor) the state after every ``checkpoint_every``-th round (and the last) is
-        saved atomically; ``resume_from`` continues after the checkpointed round with its model and ledger;
-        ``on_accounted`` is called after the resume's accounting and after every round's, before that round's model
-        can leave the server (the ServerApp keeps run.json true with it).
-        """
-        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_fn)
-
-    # ----- canary audit (docs/audit.md) -----------------------------------------------------------------------
-
-    def evaluate_audit(self, server_round: int) -> dict[str, Any]:
-        """Score the canaries after ``server_round`` against the ledger (strategies/auditing.py)."""
-        assert self.auditor is not None
-        return self.auditor.evaluate(server_round, *self._audit_epsilons())
-
-    def _audit_epsilons(self) -> tuple[float | None, Any]:
-        epsilon = self.epsilon() if self.private else None
-        return epsilon, (self.ledger.epsilon_at if self.ledger is not None else None)
-
-    def finish_audit(self, checkpoint_dir: Path | None, num_rounds: int) -> None:
-        """Evaluate the audit once more if the run stopped early, save ``audit.npz``, drop the kept deltas."""
-        if self.auditor is not None:
-            self.auditor.finish(checkpoint_dir, *self._audit_epsilons())
-
-    def audit_report(self) -> dict[str, Any] | None:
-        """``run.json``'s ``audit`` section (None when the run has no canaries)."""
-        return audit_report(self.config, self.auditor)
-
-    # ----- checkpoint state ---------------------------------------------------------------------------------
-
-    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
-        """What a resumed run needs beyond the global model: the accountant, the server optimizer's state, the
-        previous global model where the round mask needs it (:attr:`uses_previous_global`) and the canaries' scored
-        statistics. The arrays are snapshots the strategy never changes in place afterwards (a checkpoint is written
-        from them while the next round runs: strategies/observers.py)."""
-        ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
-        optimizer_state, optimizer_arrays = self.server_optimizer.state()
-        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self.releases.logged}
-        arrays = dict(optimizer_arrays)
-        if self.uses_previous_global:  # a second copy of the model in every checkpoint, only where a mask needs it
-            arrays["previous_global"] = list(self.last_round_global)
-        if self.auditor is not None:
-            audit_state, audit_arrays = self.auditor.canaries.state()
-            state.update(audit_state)
-            arrays.update(audit_arrays)
-        return state, arrays
-
-    def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
-        if self.ledger is not None:
-            self.ledger.load_state_dict(state)
-        self.server_optimizer.load_state(state, arrays)
-        # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
-        self.clipping.load_state(state)
-        # The global model the checkpointed round started from: the "previous global" of the next round.
-        self.last_round_global = list(arrays.get("previous_global", []))

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fl_app.config import NoisyConfig, NoisyProxConfig, StrategyConfig
+from fl_app.config import ConfigError, NoisyConfig, NoisyProxConfig, StrategyConfig
 from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
@@ -64,6 +64,11 @@ class NoisyFedAvg(FederatedStrategy):
 
     def make_ledger(self) -> PrivacyLedger:
         """The GDP bound of seed 004 replaces the sampled-Gaussian accountant: T releases of the same mechanism."""
+        if self.given_accountant is not None:
+            raise ConfigError(
+                f"{type(self).__name__}: its epsilon is the GDP bound of seed 004 (Thm 3 / Thm 4) of the number of "
+                "releases, not a composition of sampled Gaussian events: an accountant cannot be given"
+            )
         s = self.config.strategy
         source = "Thm 4" if self.prox_coef else f"Thm 3, {s.lr_schedule}"
         return GDPLedger(

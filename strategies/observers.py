@@ -12,21 +12,29 @@ the two it needs from its constructor arguments — :class:`MetricsLog` for ``me
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from fl_app.checkpoint import Checkpoint, save_checkpoint
+from fl_app.config import AppConfig
 from fl_app.metrics import CLIENT_COUNTS, MetricsWriter
+from strategies.rounds import RoundOutcome
+from strategies.statistics import ClientStatistics
 
-if TYPE_CHECKING:
-    from strategies.base import FederatedStrategy
-    from strategies.rounds import RoundOutcome
+
+class ObservedStrategy(Protocol):
+    """What the observers here read of the strategy (a :class:`strategies.base.FederatedStrategy`)."""
+
+    config: AppConfig
+    statistics: ClientStatistics
+
+    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]: ...
 
 
 class RoundObserver(Protocol):
     def round_completed(
-        self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
+        self, strategy: ObservedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
     ) -> None:
         """Called once per completed round, in round order, with the record ``metrics.jsonl`` gets."""
 
@@ -39,7 +47,7 @@ class MetricsLog:
         self.writer = writer
 
     def round_completed(
-        self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
+        self, strategy: ObservedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
     ) -> None:
         self.writer.write(record)
         if not strategy.statistics.publishes_raw:
@@ -55,12 +63,12 @@ class Checkpointer:
         self.directory, self.every, self.last_round = directory, every, last_round
 
     def round_completed(
-        self, strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
+        self, strategy: ObservedStrategy, server_round: int, outcome: RoundOutcome, record: dict[str, Any]
     ) -> None:
         if server_round % self.every == 0 or server_round == self.last_round:
             self.save(strategy, server_round, outcome.new_weights)
 
-    def save(self, strategy: FederatedStrategy, server_round: int, weights: list[np.ndarray]) -> None:
+    def save(self, strategy: ObservedStrategy, server_round: int, weights: list[np.ndarray]) -> None:
         """The checkpoint after ``server_round`` (0: the initial model, so a run killed in round 1 can resume)."""
         state, arrays = strategy.state()
         save_checkpoint(self.directory, Checkpoint(server_round, weights, state, strategy.config.to_raw(), arrays))

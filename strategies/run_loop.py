@@ -14,22 +14,54 @@ from __future__ import annotations
 
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
+from strategies.aggregation import RoundInFlight
 from strategies.messaging import send_and_receive
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.rounds import RoundOutcome
 
-if TYPE_CHECKING:
-    from strategies.base import EvaluateFn, FederatedStrategy, RoundInFlight
+#: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
+#: ``test_loss`` and ``test_accuracy`` (and any other numbers) from it.
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+
+
+class RoundLoop:
+    """Flower's ``start()`` for :class:`strategies.base.FederatedStrategy` (a mixin over its fields and hooks)."""
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Run the rounds (steps 1-8 of the module docstring) and return Flower's :class:`Result`, as
+        :meth:`flwr.serverapp.strategy.Strategy.start` does: ``result.arrays`` the last released model,
+        ``train_metrics_clientapp`` the round's published client metrics (mean local train loss/accuracy under
+        raw client statistics), ``evaluate_metrics_serverapp`` what ``evaluate_fn`` returned for the initial model
+        (round 0, unless resuming; evaluated after the first round's release, so that round does not wait for it) and
+        after every ``eval_every``-th round and the last. Evaluation is central:
+        ``evaluate_config`` is accepted and unused (clients only train).
+
+        With ``checkpoint_dir`` (constructor) the state after every ``checkpoint_every``-th round (and the last) is
+        saved atomically; ``resume_from`` continues after the checkpointed round with its model and ledger;
+        ``on_accounted`` is called after the resume's accounting and after every round's, before that round's model
+        can leave the server (the ServerApp keeps run.json true with it).
+        """
+        return run_rounds(self, grid, initial_arrays, num_rounds, timeout, train_config, evaluate_fn)
 
 
 def run_rounds(
-    strategy: FederatedStrategy,
+    strategy: RoundLoop,
     grid: Grid,
     initial_arrays: ArrayRecord,
     num_rounds: int,
@@ -104,7 +136,7 @@ def run_rounds(
 
 
 def _evaluated_record(
-    strategy: FederatedStrategy,
+    strategy: RoundLoop,
     server_round: int,
     num_rounds: int,
     outcome: RoundOutcome,
@@ -134,7 +166,7 @@ def _evaluated_record(
 class _CompletedRounds:
     """Completed rounds whose observers have yet to run (the last one, until :meth:`flush`)."""
 
-    def __init__(self, strategy: FederatedStrategy, observers: list[RoundObserver]) -> None:
+    def __init__(self, strategy: RoundLoop, observers: list[RoundObserver]) -> None:
         self.strategy, self.observers = strategy, observers
         self.pending: list[tuple[int, RoundOutcome, dict[str, Any]]] = []
 
@@ -155,7 +187,7 @@ class _EarlyReplies:
     that arrives while others are outstanding is screened and admitted then. (``send_and_receive`` returns the
     replies in the order they arrived, so the rest are the ones after the first ``count``.)"""
 
-    def __init__(self, strategy: FederatedStrategy, in_flight: RoundInFlight | None, take: bool) -> None:
+    def __init__(self, strategy: RoundLoop, in_flight: RoundInFlight | None, take: bool) -> None:
         self.strategy, self.in_flight, self.take, self.count = strategy, in_flight, take, 0
 
     def arrived(self, replies: list[Message], still_pending: int) -> None:
@@ -175,7 +207,7 @@ def _evaluate_initial(evaluate_fn: EvaluateFn | None, initial_arrays: ArrayRecor
         result.evaluate_metrics_serverapp[0] = initial
 
 
-def _observers(strategy: FederatedStrategy, num_rounds: int) -> list[RoundObserver]:
+def _observers(strategy: RoundLoop, num_rounds: int) -> list[RoundObserver]:
     """The metrics log (``metrics=``), the checkpointer (``checkpoint_dir=``), then the user's ``observers=``."""
     observers: list[RoundObserver] = []
     if strategy.metrics is not None:
@@ -185,7 +217,7 @@ def _observers(strategy: FederatedStrategy, num_rounds: int) -> list[RoundObserv
     return observers + list(strategy.observers)
 
 
-def _round_record(strategy: FederatedStrategy, server_round: int, outcome: RoundOutcome) -> dict[str, Any]:
+def _round_record(strategy: RoundLoop, server_round: int, outcome: RoundOutcome) -> dict[str, Any]:
     """Step 8's record before evaluation: the statistics as published, the strategy's extras, the guarantee so far."""
     private = strategy.private
     published = outcome.published

@@ -27,6 +27,8 @@ from flwr.supercore.constant import TaskType
 from flwr.superlink.grid import InMemoryGrid
 
 from fl_app.config import AppConfig, ConfigError
+from fl_app.instructions import resolve_cohort_engine
+from fl_app.models import build_model_for_dataset, check_vectorizable, resolve_device
 
 #: ``cohort_size`` resolved: a fixed number of clients per message (1 = one message per client), or one cohort per
 #: connected node.
@@ -85,3 +87,21 @@ def is_simulation(grid: Grid) -> bool:
         return str(grid.run.primary_task_type) == str(TaskType.SIMULATION)
     except Exception:  # a grid without run details (e.g. a test double) is not the simulation engine
         return False
+
+
+def check_cohort_engine(config: AppConfig) -> None:
+    """Fail at construction (before Ray starts) if cohorts would be trained vectorized on a model that cannot be."""
+    sim = config.simulation
+    try:
+        engine = resolve_cohort_engine(sim.cohort_engine, resolve_device(sim.device).type == "cuda")
+    except ValueError as exc:
+        raise ConfigError(f"invalid config value simulation.cohort_engine={sim.cohort_engine}: {exc}") from exc
+    if sim.cohort_size == 1 or config.population != "virtual" or engine == "sequential":
+        return
+    try:
+        check_vectorizable(build_model_for_dataset(config.model.name, config.dataset.name, seed=0))
+    except ValueError as exc:
+        raise ConfigError(
+            f"invalid config value simulation.cohort_engine={sim.cohort_engine}: {exc}; "
+            "set simulation.cohort_engine=sequential or simulation.cohort_size=1"
+        ) from exc

@@ -136,3 +136,37 @@ def test_a_resumed_strategy_refuses_a_loop_that_starts_at_round_one(tmp_path: Pa
     with pytest.raises(RuntimeError, match="resume_from"):
         Strategy.start(resumed, FakeGrid(), _initial(resumed.config), num_rounds=2)
     assert np.isfinite(resumed.epsilon())
+
+
+# ----- §4: the package exports its strategies; the accountant speaks Flower's interface ---------------------------
+
+
+def test_the_package_exports_its_strategies_and_their_accountant_is_flowers_interface() -> None:
+    from flwr.serverapp import PrivacyAccountant
+
+    from strategies import DPFedAvg as Exported
+    from strategies import DPFedSAM, NoisyFedAvg
+
+    assert Exported is DPFedAvg and issubclass(NoisyFedAvg, FederatedStrategy)
+    strategy = DPFedSAM(num_clients=100, sample_rate=0.1, clip_norm=0.2, noise_multiplier=0.95)
+    assert PrivacyAccountant in type(strategy.accountant).__mro__  # the Protocol, subclassed explicitly
+    assert strategy.accountant is strategy.ledger.accountant
+
+
+def test_flowers_rdp_accountant_accounts_a_run_in_place_of_ours() -> None:
+    from flwr.serverapp import GaussianPrivacyEvent, PrivacyConfig, RdpAccountant
+    from flwr.supercore.privacy_accounting import NeighboringRelation, SamplingMethod
+
+    def config() -> PrivacyConfig:
+        return PrivacyConfig(target_delta=0.05, population_size=20, sampling_method=SamplingMethod.POISSON,
+                             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE)  # fmt: skip
+
+    flowers = RdpAccountant(config())
+    strategy = build("strategy=dp_fedavg", *SMALL, "privacy.delta=0.05", accountant=flowers)
+    assert strategy.accountant is flowers
+    strategy.start(FakeGrid(), _initial(strategy.config), num_rounds=2)
+    assert flowers.num_releases == 2
+    reference = RdpAccountant(config())
+    reference.compose(GaussianPrivacyEvent(strategy.accounted_noise_multiplier, sample_size=4, population_size=20), 2)
+    assert strategy.epsilon() == pytest.approx(reference.get_epsilon(0.05), rel=1e-12)
+    assert strategy.dp_guarantee()["rounds_released"] == 2

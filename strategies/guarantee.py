@@ -1,0 +1,215 @@
+"""What a run has spent and what it claims: the ledger (the accountant behind it), step 1's budget guard, step 7's
+release and its accounting, and the claim ``run.json`` states. A part of :class:`strategies.base.FederatedStrategy`
+(a mixin over its fields), kept apart so the round's skeleton reads on its own."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.common.logger import log
+from flwr.serverapp import PrivacyAccountant
+
+from fl_app.instructions import (
+    STREAM_STATISTICS,
+)
+from fl_app.privacy import adaptive_clipping as adaptive
+from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
+from fl_app.releases import Release, model_digest
+from strategies.clipping import AdaptiveClipNorm
+
+
+class Guarantee:
+    """The ledger, the budget guard, the release's accounting and the run's claims (strategies/base.py's fields)."""
+
+    def over_budget(self, server_round: int) -> str | None:
+        """Step 1, the budget guard: why ``server_round`` must not run (ε would pass ``privacy.max_epsilon``), or
+        None."""
+        limit = self.config.privacy.max_epsilon
+        if not self.private or limit is None:
+            return None
+        next_eps = self.projected_epsilon()
+        if next_eps <= limit:
+            return None
+        return f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} > max_epsilon={limit}"
+
+    @property
+    def noise_source(self) -> str:
+        if not self.private:
+            return "none"
+        return self.randomness_source
+
+    @property
+    def secure_noise(self) -> bool:
+        """Whether the server's and the clients' draws come from the OS CSPRNG (else seeded streams)."""
+        return self.randomness.secure
+
+    @property
+    def randomness_source(self) -> str:
+        return self.randomness.source()
+
+    def make_ledger(self) -> PrivacyLedger:
+        """The ledger that accounts this strategy's releases: the subsampled Gaussian mechanism's."""
+        p = self.config.privacy
+        accountant = p.accountant if self.given_accountant is None else self.given_accountant
+        return SampledGaussianLedger(p.delta, accountant, p.sampling, self.num_clients)
+
+    @property
+    def accountant(self) -> PrivacyAccountant | None:
+        """What accounts the run's releases, with Flower's ``PrivacyAccountant`` interface (``compose``,
+        ``get_epsilon``, ``would_exceed``, ``state_dict``); None for the non-private references."""
+        return None if self.ledger is None else self.ledger.accountant
+
+    def dp_guarantee(self) -> dict[str, Any]:
+        """The run's DP claim, as written into ``run.json``: the ledger's account, the mechanism's parameters."""
+        if not self.private:
+            return {"dp_guarantee": "none: non-private reference", "client_statistics": self.client_statistics_claim()}
+        assert self.ledger is not None
+        claim = self.ledger.claim()
+        statement = claim.pop("statement")
+        reason = self.not_covered_reason()
+        if self.auditor is not None and (warning := self.auditor.warning()) is not None:
+            statement = f"{statement} -- {warning}"  # never the guarantee without the audit's contradiction
+        return {
+            "dp_guarantee": self.ledger.uncovered(reason) if reason else statement,
+            **claim,
+            **self.mechanism_claim(),
+            "client_statistics": self.client_statistics_claim(),
+            # Distinct noisy models that have left (or were logged to leave) the server, resumed runs included.
+            "rounds_released": self.rounds_released,
+            "noise_source": self.noise_source,
+            "sampling_source": self.randomness_source,
+            "noise_stream": self.noise_stream_claim(),
+        }
+
+    def mechanism_claim(self) -> dict[str, Any]:
+        """The parameters of the mechanism the ledger accounts (``run.json``)."""
+        p = self.config.privacy
+        return {
+            "noise_multiplier": self.noise_multiplier,
+            "accounted_noise_multiplier": self.accounted_noise_multiplier,
+            "clip_norm": p.clip_norm,
+            "clipping": self.clipping_claim(),
+            "sample_rate": p.sample_rate,
+            "expected_clients": self.expected_clients,
+            "placement": p.placement,
+        }
+
+    def noise_stream_claim(self) -> dict[str, Any]:
+        return self.randomness.noise_stream_claim()
+
+    def not_covered_reason(self) -> str | None:
+        """Why the accountant's ε does not cover this configuration (None = it does)."""
+        return None
+
+    @property
+    def clip_norm(self) -> float:
+        """C_t, the clip norm of the coming round."""
+        return self.clipping.clip_norm
+
+    @property
+    def adaptive_clipping(self) -> bool:
+        return self.clipping.adaptive
+
+    @property
+    def clipped_count_stddev(self) -> float:
+        """σ_b of adaptive clipping's count: ``privacy.clipped_count_stddev``, or m/20."""
+        if isinstance(self.clipping, AdaptiveClipNorm):
+            return self.clipping.count_stddev
+        return self.config.privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(self.expected_clients)
+
+    def clipping_claim(self) -> dict[str, Any]:
+        """How C was chosen (``run.json``): fixed, or adaptive with its parameters and the latest C."""
+        claim = self.clipping.claim()
+        if self.adaptive_clipping:
+            claim["update_noise_multiplier"] = self.noise_multiplier
+        return claim
+
+    @property
+    def client_statistics(self) -> str:
+        """The run's ``privacy.client_statistics`` mode (raw | noisy | none; "auto" until resolved)."""
+        return self.statistics.mode
+
+    def client_statistics_claim(self) -> str:
+        """What the published files say about clients, and whether ε covers it (``run.json``)."""
+        adaptive = self.clipping.count_stddev if isinstance(self.clipping, AdaptiveClipNorm) else None
+        return self.statistics.claim(adaptive)
+
+    def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
+        """The round's statistics as ``privacy.client_statistics`` allows them to be published."""
+        rng = partial(self.noise_rng, server_round, STREAM_STATISTICS)  # drawn only for a noisy count
+        return self.statistics.published(stats, self.expected_clients, self.adaptive_clipping, rng)
+
+    def epsilon(self) -> float:
+        return math.inf if self.ledger is None else self.ledger.epsilon()
+
+    def projected_epsilon(self) -> float:
+        """ε after one more round (the budget guard's question)."""
+        assert self.ledger is not None
+        return self.ledger.projected_epsilon(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
+
+    @property
+    def accounted_noise_multiplier(self) -> float:
+        """The σ the accountant composes: the update's, or the joint one when noisy statistics are released too."""
+        if self.noise_multiplier == 0:
+            return self.noise_multiplier
+        if self.adaptive_clipping:
+            return self.clipping.joint_noise_multiplier(self.noise_multiplier)
+        if not self.statistics.releases_noisy_count:
+            return self.noise_multiplier
+        return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics.noise_multiplier)
+
+    def account_round(self) -> None:
+        if self.ledger is not None:
+            self.ledger.step(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
+
+    def release(self, server_round: int, weights: list[np.ndarray]) -> Release:
+        """This round's noisy model ``weights`` as a release (the write-ahead log's record)."""
+        return Release(
+            round=server_round,
+            noise_multiplier=float(self.accounted_noise_multiplier),
+            sample_rate=float(self.config.privacy.sample_rate),
+            randomness="os-csprng" if self.secure_noise else "seeded",
+            digest=model_digest(weights),
+        )
+
+    def account_release(self, release: Release) -> None:
+        """Count a release logged after the checkpoint this run resumed from (the accountant restored from it has
+        not seen it)."""
+        if self.ledger is not None:
+            self.ledger.step(release.noise_multiplier, release.sample_rate)
+
+    def round_extras(self) -> dict[str, Any]:
+        """Strategy-specific fields of the round record."""
+        return {"gdp_mu": None}
+
+    def summary(self) -> None:
+        p = self.config.privacy
+        log(INFO, "Strategy %s (local optimizer: %s)", type(self).__name__, self.local_optimizer)
+        log(
+            INFO,
+            "\tclients M=%d, sampling=%s q=%.4g, m=%.4g",
+            self.num_clients,
+            p.sampling,
+            p.sample_rate,
+            self.expected_clients,
+        )
+        if self.private:
+            log(
+                INFO,
+                "\tC=%.4g sigma=%.4g placement=%s accountant=%s delta=%.3g noise=%s",
+                p.clip_norm,
+                self.noise_multiplier,
+                p.placement,
+                p.accountant,
+                p.delta,
+                self.noise_source,
+            )
+        else:
+            log(INFO, "\tnon-private reference: no clipping, no noise")
+        if self.private and (reason := self.not_covered_reason()):
+            log(WARNING, "The reported epsilon does NOT cover this run: %s", reason)

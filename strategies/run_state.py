@@ -1,0 +1,75 @@
+"""What a run carries across rounds and checkpoints: the state a checkpoint stores and a resume restores (with the
+releases logged after it, accounted before anything reads the guarantee), and the canary audit's evaluation. A part
+of :class:`strategies.base.FederatedStrategy` (a mixin over its fields)."""
+
+from __future__ import annotations
+
+from logging import INFO
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.common.logger import log
+
+from fl_app.checkpoint import Checkpoint
+from strategies.auditing import audit_report
+
+
+class RunState:
+    """Checkpoint state, resume and the audit's evaluation (strategies/base.py's fields)."""
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        """Restore the checkpoint's state and account every release logged after it (each left the server, and the
+        ledger restored from the checkpoint has not counted it)."""
+        self.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays)
+        logged = int(checkpoint.strategy_state.get("releases_logged", 0))
+        self.rounds_released = int(checkpoint.strategy_state.get("releases_logged", checkpoint.round))
+        owed = self.releases.owed_after(logged)
+        for release in owed:
+            self.account_release(release)
+        self.rounds_released += len(owed)
+        log(INFO, "Resuming after round %d (epsilon so far %.4g)", checkpoint.round, self.epsilon())
+
+    def evaluate_audit(self, server_round: int) -> dict[str, Any]:
+        """Score the canaries after ``server_round`` against the ledger (strategies/auditing.py)."""
+        assert self.auditor is not None
+        return self.auditor.evaluate(server_round, *self._audit_epsilons())
+
+    def _audit_epsilons(self) -> tuple[float | None, Any]:
+        epsilon = self.epsilon() if self.private else None
+        return epsilon, (self.ledger.epsilon_at if self.ledger is not None else None)
+
+    def finish_audit(self, checkpoint_dir: Path | None, num_rounds: int) -> None:
+        """Evaluate the audit once more if the run stopped early, save ``audit.npz``, drop the kept deltas."""
+        if self.auditor is not None:
+            self.auditor.finish(checkpoint_dir, *self._audit_epsilons())
+
+    def audit_report(self) -> dict[str, Any] | None:
+        """``run.json``'s ``audit`` section (None when the run has no canaries)."""
+        return audit_report(self.config, self.auditor)
+
+    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
+        """What a resumed run needs beyond the global model: the accountant, the server optimizer's state, the
+        previous global model where the round mask needs it (:attr:`uses_previous_global`) and the canaries' scored
+        statistics. The arrays are snapshots the strategy never changes in place afterwards (a checkpoint is written
+        from them while the next round runs: strategies/observers.py)."""
+        ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
+        optimizer_state, optimizer_arrays = self.server_optimizer.state()
+        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self.releases.logged}
+        arrays = dict(optimizer_arrays)
+        if self.uses_previous_global:  # a second copy of the model in every checkpoint, only where a mask needs it
+            arrays["previous_global"] = list(self.last_round_global)
+        if self.auditor is not None:
+            audit_state, audit_arrays = self.auditor.canaries.state()
+            state.update(audit_state)
+            arrays.update(audit_arrays)
+        return state, arrays
+
+    def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
+        if self.ledger is not None:
+            self.ledger.load_state_dict(state)
+        self.server_optimizer.load_state(state, arrays)
+        # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
+        self.clipping.load_state(state)
+        # The global model the checkpointed round started from: the "previous global" of the next round.
+        self.last_round_global = list(arrays.get("previous_global", []))
