@@ -4,8 +4,9 @@ One message format and one reply format: every train message names its partition
 mode, a cohort of one per client or per SuperNode) and is trained by :func:`clients.cohort.train_cohort`, which
 privatizes and screens each client on its own and answers with the float64 sum of the accepted clients' updates,
 each client's statistics and the fate of the others. The same app serves ``flwr run`` simulations, the Hydra entry
-point and real SuperNodes. (No ``NumPyClient``: a reply carries several clients' fates and the round's shared mask
-comes with the message, which Flower's NumPyClient contract has no place for.)
+point and real SuperNodes. (Our client as a Flower ``NumPyClient``, one client per message, is
+clients/numpy_client.py: the same :func:`~clients.cohort.train_cohort` with a cohort of one, answering in Flower's
+convention; a NumPyClient's reply cannot carry several clients' fates, so cohorts need this app.)
 """
 
 from __future__ import annotations

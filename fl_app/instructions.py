@@ -263,6 +263,78 @@ class CohortReply:
         )
 
 
+#: Flower's Message-API convention for a train reply (``flwr.serverapp.strategy.FedAvg`` and Flower's ClientApp
+#: templates): the trained model as the one ArrayRecord, under the key the strategy sent it (``arrays``), and one
+#: MetricRecord (``metrics``) holding the number of training examples under this key.
+FLOWER_WEIGHT_KEY = "num-examples"
+#: The client statistics a Flower-convention reply may carry, each under the keys Flower apps use for it (the first
+#: one present is read); ``pre_clip_norm`` and ``num_steps`` are what clients.numpy_client's client reports.
+FLOWER_CLIENT_METRICS = {
+    "train_loss": ("train_loss", "train-loss"),
+    "train_accuracy": ("train_accuracy", "train_acc", "train-accuracy", "train-acc"),
+    "pre_clip_norm": ("pre_clip_norm",),
+    "num_steps": ("num_steps",),
+}
+
+
+class MalformedReply(ValueError):
+    """A reply that does not follow the format it is read as; the message says why."""
+
+
+def is_cohort_reply(content: RecordDict) -> bool:
+    """Whether a reply is in our format (:class:`CohortReply`): its ``metrics`` record names the clients it accounts
+    for (``cohort_ids``). Any other reply is read as Flower's convention (:class:`FlowerReply`)."""
+    return "metrics" in content and "cohort_ids" in content["metrics"]
+
+
+@dataclass
+class FlowerReply:
+    """One client's reply in Flower's Message-API convention: ``trained`` the trained model (not an update),
+    ``num_examples`` Flower's weight and ``metrics`` the statistics found (:data:`FLOWER_CLIENT_METRICS`).
+
+    Any Flower ClientApp writes it; clients.numpy_client writes it for a ``NumPyClient``; the server reads it
+    (strategies/screening.py) and computes the update itself. The server's sum is unweighted: ``num_examples`` is
+    checked (a reply without a whole, non-negative count is not in the convention) and not used.
+    """
+
+    trained: list[np.ndarray]
+    num_examples: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def to_record(self) -> RecordDict:
+        metrics: dict[str, Any] = {**self.metrics, FLOWER_WEIGHT_KEY: self.num_examples}
+        return RecordDict({"arrays": ArrayRecord(self.trained), "metrics": MetricRecord(metrics)})
+
+    @classmethod
+    def from_record(cls, content: RecordDict) -> FlowerReply:
+        """Read a reply in Flower's convention. A record other than exactly ``arrays`` (an ArrayRecord) and
+        ``metrics`` (a MetricRecord), an absent, negative or fractional ``num-examples``, or a statistic that is not
+        a number raises :class:`MalformedReply`; undecodable arrays raise what decoding raises."""
+        keys = sorted(content.keys())
+        if keys != ["arrays", "metrics"]:
+            raise MalformedReply(f"a Flower-convention reply holds exactly 'arrays' and 'metrics', not {keys[:5]}")
+        arrays, sent = content["arrays"], content["metrics"]
+        if not isinstance(arrays, ArrayRecord) or not isinstance(sent, MetricRecord):
+            raise MalformedReply(
+                "a Flower-convention reply holds an ArrayRecord under 'arrays' and a MetricRecord under 'metrics', not "
+                f"{type(arrays).__name__} and {type(sent).__name__}"
+            )
+        weight = sent.get(FLOWER_WEIGHT_KEY)
+        whole = isinstance(weight, (int, float)) and math.isfinite(weight) and float(weight).is_integer()
+        if not (whole and weight >= 0):
+            raise MalformedReply(f"'{FLOWER_WEIGHT_KEY}' absent or not a whole number >= 0: {str(weight)[:40]}")
+        metrics: dict[str, float] = {}
+        for name, aliases in FLOWER_CLIENT_METRICS.items():
+            key = next((alias for alias in aliases if alias in sent), None)
+            if key is None:
+                continue
+            value = sent[key]
+            if not isinstance(value, (int, float)):  # a list: MetricRecord holds no bools or strings
+                raise MalformedReply(f"metric '{key}' is not a number")
+            metrics[name] = float(value)
+        return cls(trained=arrays.to_numpy_ndarrays(), num_examples=int(weight), metrics=metrics)
+
+
 def local_training_config(config: AppConfig, optimizer: LocalOptimizer) -> LocalTrainingConfig:
     """The standard local procedure (SPEC §3) from the client config, with the strategy's optimizer."""
     c = config.client

@@ -5,7 +5,8 @@
 the server's clip), and counts the rest by kind. What it holds is summed in partition order
 (:meth:`RoundReplies.ordered`, the canaries after every real client) so that the same seed gives the same model,
 whatever order the replies came in; :meth:`statistics` is the round record's view of the clients. A per-client reply
-is a cohort of one: nothing here knows the difference.
+is a cohort of one, and so is a reply in Flower's convention (a trained model: the screening computes its update):
+nothing here knows the difference.
 """
 
 from __future__ import annotations

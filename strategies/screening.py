@@ -1,14 +1,23 @@
 """Step 5 of the round: screening a reply bound to one of the round's messages (SPEC §2: nothing a client sends is
 trusted). A reply is classified as ("ok", :class:`~strategies.rounds.Contribution`) or (rejection kind, reason);
-the strategy then admits the contribution (the round's mask, the server's re-clip) and counts the rest."""
+the strategy then admits the contribution (the round's mask, the server's re-clip) and counts the rest.
+
+Two reply formats become the same :class:`Contribution`: ours (:class:`~fl_app.instructions.CohortReply`: a
+cohort's float64 sum of updates, each client's statistics and fate), and Flower's Message-API convention
+(:class:`~fl_app.instructions.FlowerReply`: one client's trained model and ``num-examples``), which any Flower
+ClientApp, a ``NumPyClient`` behind clients.numpy_client's mod included, sends. For the latter the server computes
+the update itself, Δ = trained − the round's global model in float64, and admits it as a cohort of one, re-clipped to
+C like every reply under server placement. A reply is ours when its metrics name their clients (``cohort_ids``:
+:func:`~fl_app.instructions.is_cohort_reply`); any other is read, and screened, as Flower's."""
 
 from __future__ import annotations
 
 import math
 
-from flwr.app import Message
+import numpy as np
+from flwr.app import Message, RecordDict
 
-from fl_app.instructions import COHORT_CLIENT_METRICS, CohortReply
+from fl_app.instructions import COHORT_CLIENT_METRICS, CohortReply, FlowerReply, MalformedReply, is_cohort_reply
 from fl_app.privacy import mechanisms as mech
 from strategies.rounds import Contribution, RoundPlan
 
@@ -19,10 +28,13 @@ def screen(plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contri
     it was sent, each once, with statistics aligned to the accepted ones (else malformed); its sum has the model's
     shapes and is finite (else shape / nonfinite); the statistics' values are finite and in range (else malformed).
     Nothing a client sends is trusted: anything else it can send wrong (an error, undecodable arrays, metrics of
-    another record type, a missing or non-numeric field) rejects it.
+    another record type, a missing or non-numeric field) rejects it. A reply in Flower's convention is screened by
+    :func:`screen_flower_reply`.
     """
     if reply.has_error():
         return "failed", str(reply.error.reason or "")[:300]
+    if not is_cohort_reply(reply.content):
+        return screen_flower_reply(plan, reply.content, ids)
     try:
         parsed = CohortReply.from_record(reply.content)
     except Exception as exc:  # anything a client can send (undecodable arrays, wrong record types) is its fault
@@ -49,3 +61,48 @@ def screen(plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contri
     return "ok", Contribution(
         total=total, clients=clients, rejections=rejections, reclipped=int(worker_reclipped), norm=norm
     )
+
+
+def screen_flower_reply(plan: RoundPlan, content: RecordDict, ids: list[int]) -> tuple[str, Contribution | str]:
+    """Classify a reply in Flower's convention (:class:`~fl_app.instructions.FlowerReply`) as ("ok", a cohort of one
+    whose sum is the update the server computed) or (kind, reason), checking in this order: the round lets the server
+    compute updates (no client noise to wait for) and the message named exactly one partition (else malformed); the
+    records, ``num-examples`` and the statistics' types follow the convention (else malformed); the trained arrays
+    have the model's shapes and a floating dtype (else shape); Δ = trained − global, in float64, is finite with a
+    finite norm (else nonfinite); a reported ``pre_clip_norm`` is finite and >= 0 (else malformed).
+
+    The client's statistics are what the reply carries of them (train loss and accuracy under Flower's usual keys,
+    NaN when absent: the round's means skip them); its pre-clip norm is the one it reports (a client that clips, such
+    as clients.numpy_client's, measured it before clipping), else the norm of Δ the server measured (a plain client
+    sends its update unclipped). ``num-examples`` is not used: the round's sum is unweighted, over the fixed
+    denominator m (a weight chosen by the client would let it scale its own influence past C/m).
+    """
+    ins = plan.instructions
+    if ins.add_noise or ins.recipe.kind == "noisy_model":
+        return "malformed", (
+            "a Flower-convention reply (trained arrays and num-examples) carries no client noise, and this round's "
+            "clients add their share of it (privacy.placement=client or a noisy-model recipe)"
+        )
+    if len(ids) != 1:
+        return "malformed", f"a Flower-convention reply answers for one client, its message carried {len(ids)}"
+    try:
+        parsed = FlowerReply.from_record(content)
+    except MalformedReply as exc:
+        return "malformed", str(exc)
+    except Exception as exc:  # anything a client can send (undecodable arrays) is its fault
+        return "malformed", f"Flower-convention reply: undecodable arrays ({type(exc).__name__})"
+    trained, shapes = parsed.trained, plan.shapes
+    floating = all(np.issubdtype(np.asarray(t).dtype, np.floating) for t in trained)
+    if not (floating and mech.has_shapes(trained, shapes)):
+        return "shape", f"partition {ids[0]} sent a model with other shapes or a non-floating dtype"
+    with np.errstate(over="ignore", invalid="ignore"):  # inf − inf and overflows are screened just below
+        update = [np.subtract(t, g, dtype=np.float64) for t, g in zip(trained, plan.global_weights, strict=True)]
+    kind, norm = mech.measure_update(update, shapes)
+    if kind is not None:
+        return kind, f"partition {ids[0]} sent a model whose update has {kind} values"
+    stats = {"pre_clip_norm": norm, "train_loss": math.nan, "train_accuracy": math.nan, "num_steps": math.nan}
+    stats.update(parsed.metrics)
+    if not (math.isfinite(stats["pre_clip_norm"]) and stats["pre_clip_norm"] >= 0):
+        return "malformed", "Flower-convention reply has a non-finite or negative pre_clip_norm"
+    client = (ids[0], {**stats, "partition_id": float(ids[0])})
+    return "ok", Contribution(total=update, clients=[client], norm=norm)

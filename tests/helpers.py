@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.superlink.grid import InMemoryGrid
 from hydra.utils import get_class
 
@@ -208,12 +209,19 @@ class InProcessGrid(AnswersOnPush, InMemoryGrid):
     """Flower's simulation engine without Ray: each train message goes through Flower's wire format (protobuf serde)
     to the real ClientApp handler (``fl_app.client_app.train``) in this process, and its reply back the same way.
     A handler that raises becomes an error reply, as under the engine. ``is_simulation`` holds (an in-memory
-    grid), so ``auto`` settings resolve as in a simulation (seeded streams, raw statistics, one cohort a node)."""
+    grid), so ``auto`` settings resolve as in a simulation (seeded streams, raw statistics, one cohort a node).
 
-    def __init__(self, nodes: int = 2) -> None:  # Flower's in-memory grid needs a LinkState; this one does not
+    With ``app`` (a ``flwr.clientapp.ClientApp``) the messages go to that app instead, called as Flower's engine
+    calls a ClientApp (``app(message, context)``), with the node config the simulation engine gives node i of n
+    (``partition-id`` i − 1, ``num-partitions`` n) and the node's own state across rounds."""
+
+    def __init__(self, nodes: int = 2, app: ClientApp | None = None) -> None:
+        # Flower's in-memory grid needs a LinkState; this one does not
         self.node_ids = list(range(1, nodes + 1))
         self.sent: list[int] = []  # messages per round
         self._pushes = 0
+        self.app = app
+        self._states: dict[int, RecordDict] = {}
 
     def get_node_ids(self) -> list[int]:
         return list(self.node_ids)
@@ -229,10 +237,12 @@ class InProcessGrid(AnswersOnPush, InMemoryGrid):
         for i, message in enumerate(messages):
             message.metadata.__dict__["_message_id"] = f"ip{self._pushes}-{i}"  # what a grid does on push
             received = message_from_proto(message_to_proto(message))
-            context = Context(run_id=1, node_id=message.metadata.dst_node_id, node_config={}, state=RecordDict(),
-                              run_config={})  # fmt: skip
+            node = message.metadata.dst_node_id
+            node_config = {"partition-id": node - 1, "num-partitions": len(self.node_ids)}
+            state = self._states.setdefault(node, RecordDict())
+            context = Context(run_id=1, node_id=node, node_config=node_config, state=state, run_config={})
             try:
-                answer = train(received, context)
+                answer = train(received, context) if self.app is None else self.app(received, context)
             except Exception as exc:  # the engine turns a ClientApp exception into an error reply
                 answer = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=received)
             replies.append(message_from_proto(message_to_proto(answer)))
