@@ -271,7 +271,7 @@ def run_baseline(
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.baseline [hydra overrides] --threads N --device cpu|cuda --out result.json``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for fl_app.main")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for apps.main")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, required=True, help="JSON result; the model goes next to it (.npz)")

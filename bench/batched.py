@@ -263,7 +263,7 @@ def run_batched(
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.batched [hydra overrides] --device cpu|cuda --threads N --out result.json``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for fl_app.main")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for apps.main")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", type=Path, required=True, help="JSON result; the model goes next to it (.npz)")

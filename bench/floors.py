@@ -129,10 +129,10 @@ ray.shutdown()
 
 def ray_engine_floor(overrides: list[str], workers: int, tmp: Path) -> dict[str, float]:
     """Seconds from a command's start to ``ray.init`` returning and to ``workers`` Ray actors that have imported
-    torch and flwr (with the app's ``ray.init`` arguments, :func:`fl_app.main.backend_config`): the least any
+    torch and flwr (with the app's ``ray.init`` arguments, :func:`apps.main.backend_config`): the least any
     app on Flower's Ray engine takes to its first local step, before its own imports, config and data; and the CPU
     seconds its processes used by then (``cpu_s``)."""
-    from fl_app.main import backend_config
+    from apps.main import backend_config
 
     init_args = backend_config(compose_config(overrides))["init_args"]
     env = {**run_env(tmp / "env_ray_floor"), **THREAD_ENV}
@@ -150,7 +150,7 @@ def flower_engine_floor(overrides: list[str], tmp: Path, ray_start: str = "app")
     Ray started as the app starts it (``ray_start="app"``) or by Flower's backend (``"flower"``); ``cpu_s``: the CPU
     seconds every process of that command had used by then. The least any app on Flower's simulation engine can
     start in, on this machine, before its own config, data, model and strategy."""
-    from fl_app.main import backend_config, concurrent_workers, simulation_nodes
+    from apps.main import backend_config, concurrent_workers, simulation_nodes
 
     config = compose_config(overrides)
     out = tmp / f"flower_floor_{ray_start}.json"
@@ -231,7 +231,7 @@ def flower_round_floor(overrides: list[str], tmp: Path, num_rounds: int) -> dict
     rounds, each round from the previous round's end. What any app on Flower's engine costs a round before its own
     data, bookkeeping and privacy; and the peak resident memory of all its processes (Ray's daemons, the workers, a
     driver without torch)."""
-    from fl_app.main import backend_config, concurrent_workers, simulation_nodes
+    from apps.main import backend_config, concurrent_workers, simulation_nodes
 
     config = compose_config([*overrides, f"num_rounds={num_rounds}"])
     nodes, workers = simulation_nodes(config), concurrent_workers(config)

@@ -2,7 +2,7 @@
 
 ``python -m bench.flower_floor BACKEND_CONFIG_JSON NODES WORKERS OUT_JSON [app|flower]`` runs Flower's
 ``run_simulation`` with the app's backend config (its ``ray.init`` arguments and client resources) and ``NODES``
-SuperNodes, Ray started as the app starts it (``app``, the default: :func:`fl_app.local_ray.start_local_ray`) or
+SuperNodes, Ray started as the app starts it (``app``, the default: :func:`apps.local_ray.start_local_ray`) or
 by Flower's backend (``flower``: a job runtime_env, so the actors wait for fresh worker processes), a ServerApp
 that sends one train message to each of ``WORKERS`` nodes (the actor pool's size) as soon as they are registered,
 and a ClientApp that imports torch (as every ClientApp worker that trains does) and notes the time before one tiny
@@ -14,7 +14,7 @@ Flower's Ray engine; against the app's it says how much of the app's startup is 
 
 ``python -m bench.flower_floor --rounds PLAN_JSON BACKEND_CONFIG_JSON NODES WORKERS OUT_JSON`` is the same for a
 round: the least FedAvg on Flower's engine, run as the app runs it (its Ray start, its prompt delivery of messages
-and replies: fl_app/delivery.py, strategies/messaging.py), for the workload of ``PLAN_JSON`` (bench/floors.py's
+and replies: apps/delivery.py, strategies/messaging.py), for the workload of ``PLAN_JSON`` (bench/floors.py's
 :func:`~bench.floors.flower_round_floor` writes it from the app's run: per round, the app's cohorts, each a list of
 its clients' batch sizes). The ServerApp sends each worker the model (an ``ArrayRecord``) and its cohort; the
 ClientApp trains every client of it from the model with the bare local step (the compute limit's: forward,
@@ -190,8 +190,8 @@ def main(argv: list[str]) -> int:
         plan = json.loads(Path(argv[1]).read_text())
         backend_config, nodes, out = json.loads(argv[2]), int(argv[3]), Path(argv[5])
         workers = min(nodes, int(argv[4]))
-        from fl_app.delivery import deliver_promptly
-        from fl_app.local_ray import start_local_ray
+        from apps.delivery import deliver_promptly
+        from apps.local_ray import start_local_ray
 
         # The engine as the app runs it: its own Ray start, messages delivered when stored (not at Flower's 0.1 s
         # polls), replies pulled when they land (strategies.messaging): the least a round on this engine costs.
@@ -210,7 +210,7 @@ def main(argv: list[str]) -> int:
     if ray_start not in ("app", "flower"):
         raise SystemExit(f"flower_floor: the Ray start is 'app' or 'flower', not {ray_start!r}")
     if ray_start == "app":
-        from fl_app.local_ray import start_local_ray
+        from apps.local_ray import start_local_ray
 
         start_local_ray(backend_config["init_args"])
     result: dict[str, float] = {}

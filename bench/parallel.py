@@ -221,7 +221,7 @@ def run_parallel(
 def main(argv: list[str] | None = None) -> int:
     """``python -m bench.parallel [hydra overrides] --procs P --threads 1 --out result.json``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for fl_app.main")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for apps.main")
     parser.add_argument("--procs", type=int, default=2, help="worker processes (P)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--out", type=Path, required=True, help="JSON result; the model goes next to it (.npz)")

@@ -65,12 +65,12 @@ def round_samples(replay_spec: dict[str, Any], epochs: int) -> list[int]:
 
 
 def app_contender(overrides: list[str], num_rounds: int, tmp: Path, label: str) -> dict[str, Any]:
-    """The app through ``python -m fl_app.main``: s/round (interval between consecutive rounds' records), startup
+    """The app through ``python -m apps.main``: s/round (interval between consecutive rounds' records), startup
     (command → first local step), peak RSS of all its processes."""
     out = tmp / f"app_{label}"
     env = {**run_env(tmp / f"env_{label}"), **THREAD_ENV}
     cmd = [
-        sys.executable, "-m", "fl_app.main", *overrides, f"num_rounds={num_rounds}",
+        sys.executable, "-m", "apps.main", *overrides, f"num_rounds={num_rounds}",
         f"output_dir={out}", f"hydra.run.dir={out}/hydra",
     ]  # fmt: skip
     start, monitor = run_monitored(cmd, env, tmp / f"{label}.log", env["RAY_TMPDIR"], 3600)

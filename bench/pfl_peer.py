@@ -213,7 +213,7 @@ def check_equivalence(config: AppConfig, python: Path | str, work: Path, procs: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for fl_app.main")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml, as for apps.main")
     parser.add_argument("--rounds", type=int, default=None, help="rounds to replay (default: num_rounds)")
     parser.add_argument("--procs", type=int, default=2, help="pfl worker processes (torchrun)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per pfl worker")

@@ -1,7 +1,7 @@
 """Where a round's time goes on the server's side (issue 22, docs/performance.md "Where a P2 DP-FedAvg round goes").
 
 ``python -m bench.round_split [--out FILE] [OVERRIDE ...]`` runs the app's Hydra entry point in this process
-(``python -m fl_app.main OVERRIDE ...``; default: the P2 config, DP-FedAvg, 30 rounds) with timers around the run
+(``python -m apps.main OVERRIDE ...``; default: the P2 config, DP-FedAvg, 30 rounds) with timers around the run
 loop's calls — nothing in the app is changed — and prints, as medians over the steady rounds (3..T-1):
 
 * the round (interval between consecutive pushes of the round's messages);
@@ -127,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="round_split_") as tmp:
         os.environ.setdefault("RAY_TMPDIR", tmp)
         os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-        sys.argv = ["fl_app.main", *overrides, f"output_dir={tmp}/run", f"hydra.run.dir={tmp}/hydra"]
-        runpy.run_module("fl_app.main", run_name="__main__")
+        sys.argv = ["apps.main", *overrides, f"output_dir={tmp}/run", f"hydra.run.dir={tmp}/hydra"]
+        runpy.run_module("apps.main", run_name="__main__")
         from fl_app.metrics import read_metrics
 
         first_fits = [float(r["first_fit_started_unix"]) for r in read_metrics(Path(tmp) / "run" / "metrics.jsonl")]

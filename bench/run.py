@@ -90,7 +90,7 @@ def with_overrides(overrides: list[str], *extra: str) -> list[str]:
 
 
 def _hydra_cmd(overrides: list[str], out: Path) -> list[str]:
-    return [sys.executable, "-m", "fl_app.main", *overrides, f"output_dir={out}", f"hydra.run.dir={out}/hydra"]
+    return [sys.executable, "-m", "apps.main", *overrides, f"output_dir={out}", f"hydra.run.dir={out}/hydra"]
 
 
 def _run_logged(cmd: list[str], env: dict[str, str], log: Path, timeout: float) -> subprocess.Popen[bytes]:
@@ -123,7 +123,7 @@ def _startup_split(t0: float, out: Path) -> dict[str, float]:
 
 
 def measure_imports() -> float:
-    code = "import time; t = time.perf_counter(); import fl_app.main, fl_app.server_app, fl_app.client_app; "
+    code = "import time; t = time.perf_counter(); import apps.main, apps.server_app, apps.client_app; "
     code += "import flwr.simulation; print(time.perf_counter() - t)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])

@@ -42,7 +42,7 @@ ClientApp's update up to that one rounding: each coordinate within half a float3
 the cohort path rejects (diverged, non-finite, failed) raises: ``fit`` has no other way to say so, and the server
 counts it as failed. Under client placement the update carries the client's noise exactly as our ClientApp's does,
 but the server refuses every Flower-convention reply there: nothing in the convention says that noise was added
-(run client placement with fl_app.client_app, whose reply format the server trusts to carry it).
+(run client placement with apps.client_app, whose reply format the server trusts to carry it).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def numpy_client_mod(msg: Message, context: Context, call_next: ClientAppCallabl
     in Flower's convention (the module docstring says how and why); answer ``query`` messages as our ClientApp does.
     Legacy messages (``fitins.*``) and other message types pass through unchanged."""
     if msg.metadata.message_type == MessageType.QUERY:
-        # The node's partition, as fl_app.client_app.query answers it (an app, a layer above clients/: not imported).
+        # The node's partition, as apps.client_app.query answers it (an app, a layer above clients/: not imported).
         partition = {key: int(context.node_config[key]) for key in ("partition-id", "num-partitions")}
         return Message(RecordDict({"partition": ConfigRecord(partition)}), reply_to=msg)
     if msg.metadata.message_type != MessageType.TRAIN or "arrays" not in msg.content:
@@ -162,7 +162,7 @@ class InstructedNumPyClient(NumPyClient):
         ClientApp's handler calls for the message's partitions) and return global + the privatised update in the
         model's dtype, the number of examples, and the client's statistics (``pre_clip_norm``, ``train_loss``,
         ``train_accuracy``, ``num_steps``)."""
-        # The per-process setup of our ClientApp's handler (fl_app/client_app.py says why).
+        # The per-process setup of our ClientApp's handler (apps/client_app.py says why).
         limit_library_threads(torch.get_num_threads())
         keep_freed_memory()
         freeze_imported_objects()

@@ -7,5 +7,5 @@ bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 export RAY_TMPDIR="${RAY_TMPDIR:-$(mktemp -d /tmp/ray_dpfedsam_test.XXXX)}"
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-"$ROOT/.venv/bin/ruff" check fl_app strategies clients bench tests
+"$ROOT/.venv/bin/ruff" check apps fl_app strategies clients bench tests
 exec "$ROOT/.venv/bin/python" -m pytest -m "not slow" -n "${PYTEST_WORKERS:-2}" "$@"

@@ -10,7 +10,7 @@ interface, the same timeout, the replies in the order they arrived) with an inte
 fixed share of the time the round has taken so far, between :data:`MIN_INTERVAL_S` and :data:`MAX_INTERVAL_S`. The
 wait after the last reply is then at most that share of the round (or the floor), while a minute-long round pulls
 about 250 times and a longer one at most once a second. Where the engine can tell when a reply is stored (the Hydra
-entry point's simulation: fl_app/delivery.py sets :data:`reply_stored`), the wait ends then and the pull follows the
+entry point's simulation: apps/delivery.py sets :data:`reply_stored`), the wait ends then and the pull follows the
 reply at once; the interval is only the longest wait.
 """
 
@@ -30,7 +30,7 @@ INTERVAL_SHARE = 0.02
 MIN_INTERVAL_S = 0.005
 MAX_INTERVAL_S = 1.0
 
-#: Set by whatever stores a reply where such a hook exists (fl_app/delivery.py on the simulation engine), so that
+#: Set by whatever stores a reply where such a hook exists (apps/delivery.py on the simulation engine), so that
 #: :func:`send_and_receive` pulls at once instead of at the end of its interval; never set, it changes nothing. A
 #: spurious wake (a reply of another run in the same process) costs one pull.
 reply_stored = threading.Event()

@@ -9,7 +9,7 @@ Flower's simulation engine and a real SuperLink differ in what a setting should 
 - ``simulation.cohort_size=auto``: one cohort per worker in simulation; one message per client against a real
   SuperLink, where a node is a client's machine.
 
-The ServerApp resolves them (:func:`fl_app.server_app.run_federated`, before anything is published); a strategy that
+The ServerApp resolves them (:func:`apps.server_app.run_federated`, before anything is published); a strategy that
 a user's own ServerApp starts resolves them in ``start()`` from the grid it is given, through the same
 :meth:`RunSettings.resolve`. ``simulation.device`` and ``simulation.cohort_engine`` stay ``auto`` on the wire: they
 depend on the machine that trains (a client's GPU), which each worker resolves for itself.

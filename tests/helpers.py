@@ -207,7 +207,7 @@ class CrashInRound(FakeGrid):
 
 class InProcessGrid(AnswersOnPush, InMemoryGrid):
     """Flower's simulation engine without Ray: each train message goes through Flower's wire format (protobuf serde)
-    to the real ClientApp handler (``fl_app.client_app.train``) in this process, and its reply back the same way.
+    to the real ClientApp handler (``apps.client_app.train``) in this process, and its reply back the same way.
     A handler that raises becomes an error reply, as under the engine. ``is_simulation`` holds (an in-memory
     grid), so ``auto`` settings resolve as in a simulation (seeded streams, raw statistics, one cohort a node).
 
@@ -230,7 +230,7 @@ class InProcessGrid(AnswersOnPush, InMemoryGrid):
         from flwr.app import Context
         from flwr.common.serde import message_from_proto, message_to_proto
 
-        from fl_app.client_app import train
+        from apps.client_app import train
 
         messages = list(messages)
         replies = []

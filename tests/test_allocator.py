@@ -94,7 +94,7 @@ def test_the_driver_s_threads_share_at_most_two_malloc_arenas() -> None:
 
 _FULL_COLLECTION = r"""
 import gc, sys, time
-import torch, flwr.clientapp, fl_app.client_app
+import torch, flwr.clientapp, apps.client_app
 from fl_app.allocator import freeze_imported_objects
 if sys.argv[1] == "freeze":
     assert freeze_imported_objects() > 100_000 and freeze_imported_objects() == gc.get_freeze_count()

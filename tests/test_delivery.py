@@ -1,4 +1,4 @@
-"""fl_app/delivery.py: the simulation engine's extractor moves a stored message at once, keeps Flower's one message
+"""apps/delivery.py: the simulation engine's extractor moves a stored message at once, keeps Flower's one message
 per SuperNode per pass and its stop event, and is installed only over the Flower function it was written for."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import threading
 import time
 from queue import Queue
 
-from fl_app.delivery import POLL_CEILING_S, deliver_promptly, prompt_extractor
+from apps.delivery import POLL_CEILING_S, deliver_promptly, prompt_extractor
 from strategies.messaging import reply_stored
 
 

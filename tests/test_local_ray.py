@@ -1,4 +1,4 @@
-"""fl_app/local_ray.py: the Hydra entry point's own Ray hands the workers the driver's import path through the
+"""apps/local_ray.py: the Hydra entry point's own Ray hands the workers the driver's import path through the
 inherited environment, with no job runtime_env (so Flower's actors take the workers Ray prestarts)."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.local_ray import driver_pythonpath
 from bench.processes import ROOT, run_env
-from fl_app.local_ray import driver_pythonpath
 
 
 def test_the_workers_path_is_sys_path_then_pythonpath_each_entry_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -28,8 +28,8 @@ def test_the_workers_path_is_sys_path_then_pythonpath_each_entry_once(monkeypatc
 _PROBE = r"""
 import json, os, sys
 import ray
-from fl_app.local_ray import driver_pythonpath, start_local_ray
-from fl_app.main import backend_config
+from apps.local_ray import driver_pythonpath, start_local_ray
+from apps.main import backend_config
 from fl_app.config import compose_config
 sys.path.append("/nonexistent/probe-entry")
 start_local_ray(backend_config(compose_config(["simulation.total_cpus=1"]))["init_args"])

@@ -10,9 +10,9 @@ import pytest
 import ray
 import torch
 
+from apps.main import backend_config, check_ray_address, concurrent_workers, simulation_nodes
 from bench.processes import free_port
 from fl_app.config import compose_config
-from fl_app.main import backend_config, check_ray_address, concurrent_workers, simulation_nodes
 
 
 def test_local_ray_is_private_and_dashboard_free() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from apps.main import backend_config, simulation_nodes
 from fl_app.config import ConfigError, compose_config
-from fl_app.main import backend_config, simulation_nodes
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from apps.server_app import run_federated
 from fl_app.config import ConfigError, compose_config, noise_stream_key
 from fl_app.privacy.accounting import compute_epsilon
-from fl_app.server_app import run_federated
 from tests.helpers import FakeGrid
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 

@@ -1,7 +1,7 @@
 """One validated, typed configuration for a run — the only place where config values are range-checked.
 
-Hydra composes ``conf/`` (from the command line in :mod:`fl_app.main`, or from the ``flwr run`` run-config in
-:mod:`fl_app.server_app`), :func:`load_app_config` turns the composed tree into frozen dataclasses and rejects
+Hydra composes ``conf/`` (from the command line in :mod:`apps.main`, or from the ``flwr run`` run-config in
+:mod:`apps.server_app`), :func:`load_app_config` turns the composed tree into frozen dataclasses and rejects
 bad values with one message that names the key and the allowed range, before Ray or any worker starts.
 
 One idea a module: ``readers`` (:class:`ConfigError`, :func:`require` and the typed readers), one module a section
@@ -11,7 +11,7 @@ One idea a module: ``readers`` (:class:`ConfigError`, :func:`require` and the ty
 is imported from here.
 """
 
-from fl_app.config.app import AppConfig, load_app_config, validate
+from fl_app.config.app import NOISE_KEY_IGNORES, AppConfig, load_app_config, noise_stream_key, validate
 from fl_app.config.audit import AuditConfig
 from fl_app.config.faults import FaultInjectionConfig
 from fl_app.config.overrides import (
@@ -23,7 +23,7 @@ from fl_app.config.overrides import (
     overrides_from_run_config,
     settings_overrides,
 )
-from fl_app.config.privacy import NOISE_KEY_IGNORES, PrivacyConfig, noise_stream_key
+from fl_app.config.privacy import PrivacyConfig
 from fl_app.config.readers import ConfigError, require
 from fl_app.config.server_optimizer import ServerOptimizerConfig
 from fl_app.config.simulation import SimulationConfig

@@ -4,6 +4,8 @@ group checked and the checks across groups) and :func:`load_app_config` (a Hydra
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -130,3 +132,23 @@ def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
     assert isinstance(raw, dict)
     raw.pop("hydra", None)
     return validate(raw)
+
+
+#: Top-level keys the noise key does not hash: where the run writes (a resume rewrites both to the run directory, and
+#: must draw the noise it drew before).
+NOISE_KEY_IGNORES: tuple[str, ...] = ("output_dir", "resume")
+
+
+def noise_stream_key(config: AppConfig) -> int | None:
+    """The extra key word of every seeded *noise* stream of the run, or None when its noise is the seed's shared one.
+
+    With ``privacy.noise_stream=per_run``: a 63-bit integer from the SHA-256 of the canonical JSON of the validated
+    config less :data:`NOISE_KEY_IGNORES`. Two runs whose configs differ in anything else (strategy, C, σ, ...) then
+    draw independent noise, while a run re-run or resumed from its stored config draws the same noise again (a
+    seeded resume must repeat its logged releases). A pure function of the config: the one place the key is made.
+    """
+    if config.privacy.noise_stream == "shared":
+        return None
+    keyed = {k: v for k, v in config.to_dict().items() if k not in NOISE_KEY_IGNORES}
+    canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
+    return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:8], "big") >> 1

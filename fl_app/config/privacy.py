@@ -5,11 +5,9 @@ published about clients; and :func:`noise_stream_key`, the run's noise key (``pr
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from fl_app.choices import (
     ACCOUNTANTS,
@@ -26,9 +24,6 @@ from fl_app.choices import (
     Sampling,
 )
 from fl_app.config.readers import _boolean, _choice, _fail, _finite, _known_keys, _number, _require
-
-if TYPE_CHECKING:
-    from fl_app.config.app import AppConfig
 
 
 @dataclass(frozen=True)
@@ -182,22 +177,3 @@ def _secure_noise(section: Mapping[str, Any]) -> bool | Literal["auto"]:
 
 
 # --- the run's noise key (privacy.noise_stream=per_run) ---------------------------------------------------------
-
-#: Top-level keys the noise key does not hash: where the run writes (a resume rewrites both to the run directory, and
-#: must draw the noise it drew before).
-NOISE_KEY_IGNORES: tuple[str, ...] = ("output_dir", "resume")
-
-
-def noise_stream_key(config: AppConfig) -> int | None:
-    """The extra key word of every seeded *noise* stream of the run, or None when its noise is the seed's shared one.
-
-    With ``privacy.noise_stream=per_run``: a 63-bit integer from the SHA-256 of the canonical JSON of the validated
-    config less :data:`NOISE_KEY_IGNORES`. Two runs whose configs differ in anything else (strategy, C, σ, ...) then
-    draw independent noise, while a run re-run or resumed from its stored config draws the same noise again (a
-    seeded resume must repeat its logged releases). A pure function of the config: the one place the key is made.
-    """
-    if config.privacy.noise_stream == "shared":
-        return None
-    keyed = {k: v for k, v in config.to_dict().items() if k not in NOISE_KEY_IGNORES}
-    canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
-    return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:8], "big") >> 1

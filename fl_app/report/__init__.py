@@ -1,6 +1,6 @@
 """Sweep report in the papers' table layout: ``python -m fl_app.report <sweep dir> [--rows KEY] [--cols KEY ...]``.
 
-Collects every run below a Hydra sweep directory (``python -m fl_app.main --multirun ...``) and writes, into
+Collects every run below a Hydra sweep directory (``python -m apps.main --multirun ...``) and writes, into
 ``--out`` (default ``<sweep dir>/report/``): ``table.md`` (also printed), ``table.csv`` (long form), ``runs.csv``
 (one row per run, missing jobs included), ``rounds.csv`` (one row per run and round: the per-round values that
 docs quote, e.g. C_t, ‖Δ‖ statistics, σ) and PNG plots.

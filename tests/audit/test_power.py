@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from apps.server_app import run_federated
 from fl_app.config import compose_config
-from fl_app.server_app import run_federated
 from tests.audit.power import CORRECT, CORRECT_CLIENT_PATH, CORRECT_Q25, WEAKENINGS, Weakening, audit_run, noise_scaled
 from tests.helpers import FakeGrid
 

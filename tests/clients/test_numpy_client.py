@@ -5,7 +5,7 @@ our Message-API train messages in Flower's convention; :class:`InstructedNumPyCl
 cohort of one of :func:`clients.cohort.train_cohort`. Every message and reply goes through Flower's wire format to
 the app, called as Flower's engine calls a ClientApp (:class:`tests.helpers.InProcessGrid`).
 
-Our ClientApp (``fl_app.client_app.train``) and the NumPyClient give the same client: the NumPyClient's trained model
+Our ClientApp (``apps.client_app.train``) and the NumPyClient give the same client: the NumPyClient's trained model
 is, bit for bit, the float32 rounding of global + our ClientApp's update (what a NumPyClient sends is a model, so the
 server's Δ = trained − global is that update up to this one rounding), with the same statistics and example count.
 The data are real Fashion-MNIST partitions of the first 200 training images, the model the paper CNN, one local step.
@@ -205,7 +205,7 @@ def test_the_numpy_client_trains_what_our_client_app_trains(overrides: tuple[str
     strategy = build(*overrides, *SMALL)
     initial = _initial()
     plan = _plan(strategy, initial)
-    ours = InProcessGrid(nodes=2).send_and_receive(plan.messages)  # fl_app.client_app.train
+    ours = InProcessGrid(nodes=2).send_and_receive(plan.messages)  # apps.client_app.train
     theirs = InProcessGrid(nodes=2, app=numpy_client.app).send_and_receive(plan.messages)
     assert len(ours) == len(theirs) == 2
     for mine, other in zip(ours, theirs, strict=True):

@@ -29,11 +29,11 @@ SMALL = [
 
 
 def run_hydra(tmp: Path, overrides: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    """`python -m fl_app.main <overrides>` writing into tmp/out."""
+    """`python -m apps.main <overrides>` writing into tmp/out."""
     cmd = [
         sys.executable,
         "-m",
-        "fl_app.main",
+        "apps.main",
         *overrides,
         f"output_dir={tmp / 'out'}",
         f"hydra.run.dir={tmp / 'hydra'}",
@@ -50,12 +50,12 @@ def short_tmp() -> Iterator[Path]:
 def start_and_kill_when(
     tmp: Path, overrides: list[str], ready: Callable[[Path], bool], what: str, timeout: float = 300
 ) -> Path:
-    """Run ``python -m fl_app.main <overrides>`` into tmp/out and SIGKILL its whole process tree (server, Ray) as
+    """Run ``python -m apps.main <overrides>`` into tmp/out and SIGKILL its whole process tree (server, Ray) as
     soon as ``ready(run dir)`` holds; returns the run dir. ``what`` names the awaited event in a timeout failure."""
     out = tmp / "out"
     env = run_env(tmp)
     log_path = tmp / "killed.log"
-    cmd = [sys.executable, "-m", "fl_app.main", *overrides, f"output_dir={out}", f"hydra.run.dir={tmp / 'h1'}"]
+    cmd = [sys.executable, "-m", "apps.main", *overrides, f"output_dir={out}", f"hydra.run.dir={tmp / 'h1'}"]
     with log_path.open("wb") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -74,9 +74,9 @@ def start_and_kill_when(
 
 
 def resume_run(tmp: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m fl_app.main resume=<out>`` to the end."""
+    """``python -m apps.main resume=<out>`` to the end."""
     return subprocess.run(
-        [sys.executable, "-m", "fl_app.main", f"resume={out}", f"hydra.run.dir={tmp / 'h2'}"],
+        [sys.executable, "-m", "apps.main", f"resume={out}", f"hydra.run.dir={tmp / 'h2'}"],
         cwd=ROOT, env=run_env(tmp), capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 

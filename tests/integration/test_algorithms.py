@@ -30,7 +30,7 @@ def _sweep(tmp: Path, strategies: list[str]) -> dict[str, Path]:
     cmd = [
         sys.executable,
         "-m",
-        "fl_app.main",
+        "apps.main",
         "--multirun",
         f"strategy={','.join(strategies)}",
         "num_rounds=2",

@@ -38,7 +38,7 @@ COMMON = [
 
 
 def _sweep(tmp: Path, overrides: list[str]) -> dict[tuple[str, str], Path]:
-    cmd = [sys.executable, "-m", "fl_app.main", "--multirun", *COMMON, *overrides, f"hydra.sweep.dir={tmp / 'sweep'}"]
+    cmd = [sys.executable, "-m", "apps.main", "--multirun", *COMMON, *overrides, f"hydra.sweep.dir={tmp / 'sweep'}"]
     proc = subprocess.run(cmd, cwd=ROOT, env=run_env(tmp), capture_output=True, text=True, timeout=800)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     runs = {}

@@ -106,7 +106,7 @@ def test_hydra_run_joins_a_running_cluster_and_starts_no_ray_of_its_own(short_tm
             cmd = [
                 sys.executable,
                 "-m",
-                "fl_app.main",
+                "apps.main",
                 f"simulation.ray_address={address}",
                 "num_rounds=2",
                 *SMALL,

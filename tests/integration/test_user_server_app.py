@@ -24,7 +24,7 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.simulation import run_simulation
 
-from fl_app.client_app import app as client_app
+from apps.client_app import app as client_app
 from fl_app.models import build_model_for_dataset, get_weights
 from strategies.dp_fedavg import DPFedAvg
 

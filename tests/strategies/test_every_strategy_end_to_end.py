@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from apps.server_app import run_federated
 from fl_app.config import CONF_DIR, compose_config
 from fl_app.metrics import read_metrics
-from fl_app.server_app import run_federated
 from tests.helpers import InProcessGrid, assert_two_round_run
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 

@@ -118,7 +118,7 @@ def test_the_timeout_returns_what_arrived_without_waiting_past_it(clock: Clock) 
 
 class SignallingGrid(TimedGrid):
     """A grid on real time whose reply is stored ``delay`` seconds after the push by another thread, which then
-    signals it as the simulation engine's hook does (fl_app/delivery.py)."""
+    signals it as the simulation engine's hook does (apps/delivery.py)."""
 
     def __init__(self, delay: float) -> None:
         super().__init__(Clock(), [0.0])

@@ -1,7 +1,7 @@
 """Flower ServerApp: build the strategy and the accountant from the validated config and run the rounds.
 
 Two front doors share :func:`run_federated`: ``flwr run`` (config from the run-config, composed through Hydra in
-:func:`main`) and the Hydra entry point :mod:`fl_app.main` (config composed on the command line, handed to
+:func:`main`) and the Hydra entry point :mod:`apps.main` (config composed on the command line, handed to
 :func:`make_server_app`).
 """
 

@@ -16,7 +16,7 @@ the longest wait, so a message stored by any other route is still picked up as b
 messages, their order per SuperNode, the Ray actors and the replies' path are Flower's. The other way, a reply the
 engine stores sets :data:`strategies.messaging.reply_stored`, so the ServerApp's pull loop takes it at once rather
 than at the end of its interval (~8 ms a round at P2's size). The replacement is made only where this project
-launches the engine itself (the Hydra entry point, fl_app/main.py); ``flwr run`` keeps Flower's own extractor.
+launches the engine itself (the Hydra entry point, apps/main.py); ``flwr run`` keeps Flower's own extractor.
 Flower's function is checked by signature first: if a later Flower changes it, the original is kept and a warning
 says so.
 """

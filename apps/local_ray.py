@@ -9,7 +9,7 @@ every worker inherit from this process: the workers import from the same path, t
 workers, and Flower's engine alone reaches its first local step 0.5–1.6 s sooner on the 2-core machine
 (``python -m bench --peer pfl --only PEER``, docs/performance.md). Flower's backend then skips its own ``ray.init``.
 
-A Ray cluster that is joined (``simulation.ray_address``) keeps the runtime_env (:func:`fl_app.main.join_ray_cluster`):
+A Ray cluster that is joined (``simulation.ray_address``) keeps the runtime_env (:func:`apps.main.join_ray_cluster`):
 its workers are started by other machines' raylets, which do not inherit this process's environment.
 
 Imports nothing heavy (Ray only when called), so that bench/flower_floor.py can start Ray the same way.

@@ -1,4 +1,4 @@
-"""Hydra entry point: ``python -m fl_app.main [overrides]`` and ``--multirun`` sweeps.
+"""Hydra entry point: ``python -m apps.main [overrides]`` and ``--multirun`` sweeps.
 
 The config is composed by Hydra and validated (:func:`fl_app.config.load_app_config`) and the dataset is checked
 *before* Ray starts; then the same ServerApp/ClientApp as ``flwr run`` runs on Flower's simulation engine.
@@ -25,11 +25,11 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from apps.local_ray import driver_pythonpath, start_local_ray
 from fl_app.allocator import limit_malloc_arenas
 from fl_app.checkpoint import resolve_resume
 from fl_app.config import AppConfig, ConfigError, load_app_config
 from fl_app.data.datasets import DatasetUnavailableError, check_dataset
-from fl_app.local_ray import driver_pythonpath, start_local_ray
 
 
 def simulation_nodes(config: AppConfig) -> int:
@@ -129,7 +129,7 @@ def preflight(config: AppConfig) -> None:
     """Checks that must fail before Ray starts: noise calibration and the accountant are set up (an unreachable
     target epsilon raises ValueError), missing data raises DatasetUnavailableError with the how-to message, and a
     Ray cluster to join that does not answer raises ConnectionError."""
-    from fl_app.server_app import build_strategy
+    from apps.server_app import build_strategy
 
     build_strategy(config)
     # Both splits read and checked, nothing kept: this process evaluates on the test split and trains on none.
@@ -162,15 +162,15 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     import ray
     from flwr.simulation import run_simulation
 
-    from fl_app.client_app import app as client_app
-    from fl_app.delivery import deliver_promptly
-    from fl_app.server_app import make_server_app
+    from apps.client_app import app as client_app
+    from apps.delivery import deliver_promptly
+    from apps.server_app import make_server_app
 
     # The server's own torch work (evaluation) stays within the simulation's CPU share.
     torch.set_num_threads(_total_cpus(config))
     # Hydra's root handler would print every Flower log line a second time.
     logging.getLogger("flwr").propagate = False
-    # A round's messages reach the workers when they are stored, not at Flower's next 0.1 s poll (fl_app/delivery.py).
+    # A round's messages reach the workers when they are stored, not at Flower's next 0.1 s poll (apps/delivery.py).
     deliver_promptly()
     try:
         if config.simulation.ray_address is not None:
