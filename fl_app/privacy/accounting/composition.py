@@ -1,59 +1,36 @@
-"""Privacy accounting for client-level DP-FedAvg / DP-FedSAM: ε for a history of sampled Gaussian rounds.
+"""ε(δ) and δ(ε) of a history of (σ, q, rounds) segments of the sampled Gaussian mechanism, and their caches.
 
-One round releases the uniform average of clipped client updates over the fixed denominator m = qM plus
-Gaussian noise of std σC/m, i.e. a sampled Gaussian mechanism with noise multiplier σ (``mechanisms.py``).
-Implemented here, as pinned down by ``SPEC.md`` §1 and §7:
+- Poisson sampling: RDP through Opacus (``RDPAccountant``'s orders and curve, each round's curve memoised), Opacus'
+  ``PRVAccountant``, or dp_accounting's ``PLDAccountant``.
+- Fixed-size sampling (m of M without replacement): dp_accounting's ``SampledWithoutReplacementDpEvent`` under
+  replace-one adjacency with its RDP accountant, multiplier σ/2 (:data:`REPLACE_ONE_SENSITIVITY_FACTOR`).
+- δ(ε): dp_accounting's ``compute_delta`` (RDP) and ``get_delta`` (PLD), a search on ε(δ) for PRV.
 
-- Poisson sampling (default): RDP of the Poisson-subsampled Gaussian composed over T rounds and converted to
-  (ε, δ)-DP (DP-FedSAM journal Thm 2 / Eqs. 16–17) through Opacus' ``RDPAccountant``; the tighter numerical
-  accountants Opacus ``PRVAccountant`` and dp_accounting ``PLDAccountant`` as options.
-- Fixed-size sampling (exactly m of M clients without replacement, papers' Algorithm 1): dp_accounting's
-  ``SampledWithoutReplacementDpEvent`` under replace-one adjacency with its RDP accountant — never the Poisson
-  formula, which would understate ε roughly twofold.
-- Noise calibration (target ε → σ, used for journal Table II) and a stateful accountant with a budget guard.
-- δ(ε) of a history (:func:`delta_from_history`), the inverse of ε(δ).
-
-:class:`fl_app.privacy.accountants.SampledGaussianAccountant` puts this composition behind Flower's
-``PrivacyAccountant`` interface; this module imports no Flower.
-
-No privacy math is written here: every ε comes from Opacus or dp_accounting.
+No privacy math is written here: every ε and δ comes from Opacus or dp_accounting.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import math
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from fl_app.choices import ACCOUNTANTS, SAMPLINGS, AccountantName, Sampling
-
-__all__ = [
-    "AccountantName",
-    "PrivacyAccountant",
-    "Sampling",
-    "Segment",
-    "calibrate_noise_multiplier",
-    "compute_epsilon",
-    "delta_from_history",
-    "epsilon_and_order_from_history",
-    "epsilon_from_history",
-    "fixed_sample_size",
-]
-
-logger = logging.getLogger(__name__)
+from fl_app.choices import AccountantName, Sampling
+from fl_app.privacy.accounting.checks import (
+    Segment,
+    _check_config,
+    _check_delta,
+    _check_segment,
+    fixed_sample_size,
+)
 
 # Opacus and dp_accounting are imported in the functions that call them: importing Opacus' package loads its
 # optimizers and torch.distributed (~1 s on the 2-core machine, dp_accounting's ~0.3 s more), which a run needs
 # once it accounts a round, not on its way to starting Ray and the workers (docs/performance.md, startup).
-
-# (noise_multiplier σ, sample_rate q, number of rounds) — the same triple Opacus keeps in its history.
-Segment = tuple[float, float, int]
-
 
 # dp_accounting's PLD is a pessimistic (upper-bound) discretisation whatever the interval; 1e-3 gives the same
 # ε as its 1e-4 default to 1e-4 at q=0.1, σ=0.95, T=300 and is ~10x faster (0.07 s instead of 0.8 s).
@@ -62,58 +39,7 @@ _PLD_DISCRETIZATION = 1e-3
 # Replacing one client's clipped update (norm <= C) by another moves the sum by up to 2C.
 REPLACE_ONE_SENSITIVITY_FACTOR = 2.0
 
-# Bracket limits for calibration; beyond them the target is treated as unreachable.
-_SIGMA_MIN = 1e-3
-_SIGMA_MAX = 1e6
 _MAX_BISECTIONS = 200  # search steps (interpolation or bisection)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Validation
-# ------------------------------------------------------------------------------------------------------------
-
-
-def _check_config(accountant: str, sampling: str, population: int | None) -> None:
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
-    if sampling == "fixed":
-        if isinstance(population, (bool, np.bool_)) or not isinstance(population, (int, np.integer)) or population < 1:
-            raise ValueError(f"sampling='fixed' needs the population size M as a positive int, got {population!r}")
-        if accountant != "rdp":
-            # dp_accounting 0.6 implements sampling without replacement only in its RDP accountant, and Opacus
-            # only knows Poisson sampling; falling back to a Poisson event would understate ε.
-            raise NotImplementedError(
-                f"accountant={accountant!r} is not available for sampling='fixed' (sampling without "
-                "replacement); only accountant='rdp' (dp_accounting SampledWithoutReplacementDpEvent) is"
-            )
-
-
-def _check_delta(delta: float) -> None:
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"delta must be in (0, 1), got {delta}")
-
-
-def _check_segment(noise_multiplier: float, sample_rate: float, steps: int) -> None:
-    if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-        raise ValueError(f"noise_multiplier must be a non-negative finite number, got {noise_multiplier}")
-    if not 0.0 <= sample_rate <= 1.0:
-        raise ValueError(f"sample_rate must be in [0, 1], got {sample_rate}")
-    if isinstance(steps, (bool, np.bool_)) or not isinstance(steps, (int, np.integer)) or steps < 0:
-        raise ValueError(f"steps must be a non-negative int, got {steps!r}")
-
-
-def fixed_sample_size(sample_rate: float, population: int) -> int:
-    """m = qM, which must be a whole number: fixed-size sampling draws exactly m clients, and an event that states
-    its sample size (Flower's ``GaussianPrivacyEvent``) states m, not q."""
-    size = round(sample_rate * population)
-    if abs(sample_rate * population - size) > 1e-6:
-        raise ValueError(
-            f"exactly m = q*M clients are drawn (q = {sample_rate}, M = {population}), but q*M = "
-            f"{sample_rate * population} is not an integer"
-        )
-    return size
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -414,210 +340,3 @@ def _fixed_rdp_per_round(
         )
     )
     return list(accountant._orders), np.array(accountant._rdp, dtype=np.float64)
-
-
-def compute_epsilon(
-    noise_multiplier: float,
-    sample_rate: float,
-    steps: int,
-    delta: float,
-    accountant: AccountantName = "rdp",
-    sampling: Sampling = "poisson",
-    population: int | None = None,
-) -> float:
-    """ε(δ) after ``steps`` rounds of the sampled Gaussian mechanism with noise multiplier σ and rate q.
-
-    ``sampling='poisson'`` accounts Poisson sampling with rate q (SPEC §1; Opacus RDP/PRV or dp_accounting
-    PLD); ``sampling='fixed'`` accounts exactly m = qM of ``population`` clients without replacement (RDP
-    only). σ = 0 gives ∞ (no noise, no privacy); 0 steps give 0.
-    """
-    return epsilon_from_history([(noise_multiplier, sample_rate, steps)], delta, accountant, sampling, population)
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Calibration
-# ------------------------------------------------------------------------------------------------------------
-
-
-def calibrate_noise_multiplier(
-    target_epsilon: float,
-    delta: float,
-    sample_rate: float,
-    steps: int,
-    accountant: AccountantName = "rdp",
-    sampling: Sampling = "poisson",
-    population: int | None = None,
-    rel_tol: float = 0.005,
-) -> float:
-    """σ with target·(1 − rel_tol) ≤ ε(σ) ≤ target (an Opacus ``get_noise_multiplier``-style search).
-
-    ε is decreasing in σ, so a geometric bracket followed by bisection finds it; the returned σ always
-    satisfies ε(σ) ≤ target (the budget side), the lower bound only bounds how much budget is left unused.
-    """
-    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
-        raise ValueError(f"target_epsilon must be a positive finite number, got {target_epsilon}")
-    if not 0.0 < rel_tol < 1.0:
-        raise ValueError(f"rel_tol must be in (0, 1), got {rel_tol}")
-    _check_config(accountant, sampling, population)
-    _check_delta(delta)
-    _check_segment(1.0, sample_rate, steps)
-    if steps == 0 or sample_rate == 0.0:
-        raise ValueError("with no rounds or q = 0, ε = 0 for every σ: there is no noise multiplier to calibrate")
-
-    def epsilon(sigma: float) -> float:
-        return compute_epsilon(sigma, sample_rate, steps, delta, accountant, sampling, population)
-
-    lower_target = target_epsilon * (1.0 - rel_tol)
-    high = 1.0
-    while epsilon(high) > target_epsilon:
-        high *= 2.0
-        if high > _SIGMA_MAX:
-            raise ValueError(
-                f"target ε = {target_epsilon} at δ = {delta} is unreachable: even σ = {_SIGMA_MAX:g} gives a larger ε"
-            )
-    low = high / 2.0
-    while epsilon(low) <= target_epsilon:
-        high = low
-        low /= 2.0
-        if low < _SIGMA_MIN:
-            raise ValueError(
-                f"target ε = {target_epsilon} is met by every σ ≥ {_SIGMA_MIN:g} "
-                f"(q = {sample_rate}, T = {steps}); calibration is meaningless"
-            )
-    # Invariant: ε(low) > target ≥ ε(high).
-    eps_low, eps_high = epsilon(low), epsilon(high)
-    if eps_high >= lower_target:
-        return high
-    # log ε is close to linear in log σ, so interpolating there (regula falsi, aimed at the middle of the
-    # window) needs 2-4 accountant calls where bisection needs ~8; a bisection step follows whenever the same end
-    # moved twice in a row, so the bracket always shrinks.
-    aim = math.log(target_epsilon * (1.0 - rel_tol / 2.0))
-    last_moved = ""
-    for _ in range(_MAX_BISECTIONS):
-        mid = 0.5 * (low + high)
-        if last_moved != "twice" and math.isfinite(eps_low) and eps_low > 0 and eps_high > 0:
-            slope = (math.log(eps_high) - math.log(eps_low)) / (math.log(high) - math.log(low))
-            guess = math.exp(math.log(low) + (aim - math.log(eps_low)) / slope) if slope < 0 else mid
-            width = high - low
-            if low + 0.01 * width < guess < high - 0.01 * width:
-                mid = guess
-        eps_mid = epsilon(mid)
-        moved = "low" if eps_mid > target_epsilon else "high"
-        last_moved = "twice" if moved == last_moved else moved
-        if moved == "low":
-            low, eps_low = mid, eps_mid
-        else:
-            high, eps_high = mid, eps_mid
-            if eps_mid >= lower_target:
-                return mid
-        if high - low <= 1e-12 * high:
-            break
-    # Only reachable if ε jumps across the window (e.g. PRV's ε-error): keep the budget-safe end.
-    logger.warning(
-        "calibration stopped at σ=%.6g with ε=%.6g, outside [%.6g, %.6g]",
-        high,
-        epsilon(high),
-        lower_target,
-        target_epsilon,
-    )
-    return high
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Stateful accountant with budget guard
-# ------------------------------------------------------------------------------------------------------------
-
-
-class PrivacyAccountant:
-    """Running accountant over the rounds of one training run, in the style of Opacus' accountants.
-
-    Keeps the history as (σ, q, rounds) segments, merging consecutive rounds with equal (σ, q), and recomputes
-    ε from the whole history, so rounds with different σ or q compose correctly. ``would_exceed`` is the
-    budget guard of SPEC §7: the server asks it before each round and stops if that round would exceed
-    ``max_epsilon``.
-    """
-
-    def __init__(
-        self,
-        accountant: AccountantName = "rdp",
-        sampling: Sampling = "poisson",
-        population: int | None = None,
-    ) -> None:
-        _check_config(accountant, sampling, population)
-        self.accountant: AccountantName = accountant
-        self.sampling: Sampling = sampling
-        self.population: int | None = None if population is None else int(population)
-        self._history: list[Segment] = []
-
-    @property
-    def steps(self) -> int:
-        """Number of accounted rounds."""
-        return sum(steps for _, _, steps in self._history)
-
-    @property
-    def history(self) -> list[Segment]:
-        """A copy of the (σ, q, rounds) segments."""
-        return list(self._history)
-
-    def step(self, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> None:
-        """Record ``num_steps`` rounds with noise multiplier σ and sampling rate q."""
-        _check_segment(noise_multiplier, sample_rate, num_steps)
-        if self.sampling == "fixed":
-            assert self.population is not None
-            # Fail when the round is recorded, not later when someone asks for ε.
-            fixed_sample_size(sample_rate, self.population)
-        if num_steps == 0:
-            return
-        noise_multiplier, sample_rate = float(noise_multiplier), float(sample_rate)
-        if self._history and self._history[-1][:2] == (noise_multiplier, sample_rate):
-            self._history[-1] = (noise_multiplier, sample_rate, self._history[-1][2] + int(num_steps))
-        else:
-            self._history.append((noise_multiplier, sample_rate, int(num_steps)))
-
-    def get_epsilon(self, delta: float) -> float:
-        """ε(δ) spent so far (0 before the first round)."""
-        return epsilon_from_history(self._history, delta, self.accountant, self.sampling, self.population)
-
-    def epsilon_after(self, extra_steps: int, noise_multiplier: float, sample_rate: float, delta: float) -> float:
-        """ε(δ) if ``extra_steps`` more rounds with (σ, q) were run; the accountant itself is not changed."""
-        _check_segment(noise_multiplier, sample_rate, extra_steps)
-        extended = [*self._history, (float(noise_multiplier), float(sample_rate), int(extra_steps))]
-        return epsilon_from_history(extended, delta, self.accountant, self.sampling, self.population)
-
-    def would_exceed(self, max_epsilon: float, delta: float, noise_multiplier: float, sample_rate: float) -> bool:
-        """True if running one more round with (σ, q) would take ε(δ) above ``max_epsilon``."""
-        return self.epsilon_after(1, noise_multiplier, sample_rate, delta) > max_epsilon
-
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-serialisable state: the configuration and the history as lists."""
-        return {
-            "accountant": self.accountant,
-            "sampling": self.sampling,
-            "population": self.population,
-            "history": [[sigma, rate, steps] for sigma, rate, steps in self._history],
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the history saved by ``state_dict``; the configuration must match this accountant's."""
-        for key in ("accountant", "sampling", "population", "history"):
-            if key not in state:
-                raise ValueError(f"accountant state has no {key!r} entry")
-        saved = (state["accountant"], state["sampling"], state["population"])
-        if saved != (self.accountant, self.sampling, self.population):
-            raise ValueError(
-                f"accountant state was saved for (accountant, sampling, population) = {saved}, "
-                f"not {(self.accountant, self.sampling, self.population)}"
-            )
-        history: list[Segment] = []
-        for entry in state["history"]:
-            sigma, rate, steps = entry
-            _check_segment(float(sigma), float(rate), int(steps))
-            history.append((float(sigma), float(rate), int(steps)))
-        self._history = history
-
-    @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any]) -> PrivacyAccountant:
-        """A new accountant with the configuration and history of ``state``."""
-        restored = cls(state["accountant"], state["sampling"], state["population"])
-        restored.load_state_dict(state)
-        return restored
