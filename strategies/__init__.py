@@ -4,7 +4,7 @@ algorithm, each with its config in conf/strategy/.
 ``from strategies import DPFedSAM`` and ``DPFedSAM(num_clients=100, sample_rate=0.1, clip_norm=0.2,
 noise_multiplier=0.95)`` build a strategy from keyword settings over conf/'s defaults; ``strategy.accountant`` is
 its accountant, with Flower's ``PrivacyAccountant`` interface (``accountant=RdpAccountant(...)`` puts Flower's own in
-its place).
+its place). ``ClientLevelDP`` wraps Flower's own FedAvg-family strategies (strategies/flower_dp/).
 """
 
 from strategies.base import FederatedStrategy
@@ -14,9 +14,12 @@ from strategies.dp_fedsam import DPFedSAM
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
 from strategies.fedavg import FedAvg, FedSAM
+from strategies.flower_dp import UNIT_WEIGHT, ClientLevelDP
 from strategies.noisy import NoisyFedAvg, NoisyFedProx
 
 __all__ = [
+    "UNIT_WEIGHT",
+    "ClientLevelDP",
     "DPFedAvg",
     "DPFedAvgBLUR",
     "DPFedAvgBLURS",

@@ -45,42 +45,23 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, Met
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
-from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi, Strategy
-from flwr.serverapp.strategy.fedopt import FedOpt
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from flwr.serverapp.strategy import FedAvg, Strategy
 
-from fl_app.choices import ACCOUNTANTS, SAMPLINGS, AccountantName, Sampling
+from fl_app.choices import AccountantName, Sampling
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import Release, ReleaseLog, model_digest
 
 __all__ = ["NOISE_STREAM", "SAMPLING_STREAM", "UNIT_WEIGHT", "ClientLevelDP"]
 
-#: The MetricRecord key the inner strategy must weight by (``FedAvg(weighted_by_key=UNIT_WEIGHT)``): the wrapper
-#: sets it to 1 in every reply it forwards, so the inner strategy's weighted mean is the unweighted one.
-UNIT_WEIGHT = "dp-unit-weight"
-
-#: Purpose keys of the seeded streams (``secure=False``): the k-th round the wrapper starts
-#: (:attr:`ClientLevelDP.rounds_started`; the server round under one ``Strategy.start``) samples from (seed, k,
-#: SAMPLING_STREAM) and draws its noise from (seed, k, NOISE_STREAM) (:func:`fl_app.privacy.mechanisms.random_source`).
-#: Keyed by k, not by the server round: a second ``start()`` on the same wrapper counts its rounds from 1 again, and
-#: a round keyed by the server round would release a second model with an already released noise draw.
-SAMPLING_STREAM = 1
-NOISE_STREAM = 2
-
-#: Flower strategies whose ``aggregate_train`` is FedAvg's mean of the replies' arrays (weighted by
-#: ``weighted_by_key``), possibly followed by a server step that uses only that mean and the strategy's own state:
-#: FedAvg; FedOpt (FedAvg's aggregate_train); FedAdam / FedYogi / FedAdagrad (``super().aggregate_train`` then an
-#: adaptive step on mean − current); FedAvgM (``super().aggregate_train`` then SGD with momentum on current − mean);
-#: FedProx (FedAvg's aggregate_train; only its configure_train adds ``proximal-mu``). Checked in flwr 1.42's source.
-MEAN_AGGREGATORS: tuple[type[FedAvg], ...] = (FedAvg, FedOpt, FedAdam, FedYogi, FedAdagrad, FedAvgM, FedProx)
-
-#: The methods through which those strategies aggregate: a subclass that overrides one of them is not known to
-#: aggregate by the mean, so it is refused.
-_AGGREGATION_METHODS = ("aggregate_train", "_check_and_log_replies", "_compute_deltat_and_mt")
-
-#: Why a reply was not aggregated (``last_round_counts["rejected"]``).
-REJECTION_REASONS = ("error", "unbound", "duplicate", "malformed", "shape", "nonfinite")
+from strategies.flower_dp.checks import (
+    NOISE_STREAM,
+    REJECTION_REASONS,
+    SAMPLING_STREAM,
+    UNIT_WEIGHT,
+    _check_arguments,
+    check_inner_strategy,
+)
 
 
 @dataclass(frozen=True)
@@ -460,114 +441,6 @@ class ClientLevelDP(Strategy):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Refusals (before the first message)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def check_inner_strategy(strategy: object, num_clients: int) -> None:
-    """Raise ValueError unless ``strategy`` aggregates by FedAvg's mean with unit weights and lets the wrapper
-    sample (see :class:`ClientLevelDP`)."""
-    name = type(strategy).__name__
-    allowed = ", ".join(cls.__name__ for cls in MEAN_AGGREGATORS)
-    if not isinstance(strategy, FedAvg):
-        raise ValueError(
-            f"ClientLevelDP wraps a FedAvg-family strategy ({allowed}), got {name}: the noise is calibrated to the "
-            "sensitivity C/m of a mean of the replies, and the aggregate of this strategy is not known to be one"
-        )
-    base = next(cls for cls in type(strategy).__mro__ if cls in MEAN_AGGREGATORS)
-    for method in _AGGREGATION_METHODS:
-        own = method in vars(strategy)  # a method replaced on the instance
-        if own or getattr(type(strategy), method, None) is not getattr(base, method, None):
-            raise ValueError(
-                f"{name} aggregates with its own {method} (inherited from {base.__name__} otherwise), which is not "
-                "FedAvg's unweighted mean of the replies: the noise is calibrated to the mean's sensitivity C/m, and "
-                "the wrapper's one noise draw passes through a mean unchanged; a median, trimmed mean, Krum/Bulyan "
-                f"selection or q-FFL reweighting has neither property. Wrap one of {allowed} (or a subclass that "
-                "does not override their aggregation)"
-            )
-    if strategy.weighted_by_key != UNIT_WEIGHT:
-        raise ValueError(
-            f"{name}(weighted_by_key={strategy.weighted_by_key!r}) weights each reply by its "
-            f"{strategy.weighted_by_key!r} metric: one client with n_i examples then moves the mean by up to "
-            "C*n_i/sum(n), not C/m, which multiplies the sensitivity the noise is calibrated to. Build it with "
-            f"weighted_by_key=UNIT_WEIGHT ({UNIT_WEIGHT!r}, strategies.flower_dp.UNIT_WEIGHT): the wrapper sets that "
-            "key to 1 in every reply it forwards, so the mean is unweighted"
-        )
-    if strategy.train_metrics_aggr_fn is not aggregate_metricrecords:
-        raise ValueError(
-            f"{name} has a custom train_metrics_aggr_fn: it would receive each forwarded reply, whose arrays differ "
-            "from each other without noise (w + (n/m)·clip(Δ_i) + Z, the same Z on all); use the default (the "
-            "wrapper publishes only non-client-derived training metrics)"
-        )
-    if strategy.fraction_train != 1.0:
-        raise ValueError(
-            f"{name}(fraction_train={strategy.fraction_train}) samples nodes itself (random.sample, not secret, not "
-            "the accounted Poisson/fixed-size sampling); ClientLevelDP samples the round's clients, so the inner "
-            "strategy must address all of them: pass fraction_train=1.0"
-        )
-    for setting in ("min_train_nodes", "min_available_nodes"):
-        value = getattr(strategy, setting)
-        if value > num_clients:
-            raise ValueError(
-                f"{name}({setting}={value}) exceeds num_clients={num_clients}: it would wait for nodes that are not "
-                f"the population; pass {setting} <= {num_clients}"
-            )
-
-
-def _check_arguments(
-    num_clients: object,
-    sample_rate: object,
-    clip_norm: object,
-    noise_multiplier: object,
-    delta: object,
-    sampling: object,
-    accountant: object,
-    max_epsilon: object,
-    secure: object,
-    seed: object,
-) -> None:
-    def real(value: object) -> bool:
-        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-    def integer(value: object) -> bool:
-        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-    if not integer(num_clients) or num_clients < 1:  # type: ignore[operator]
-        raise ValueError(f"num_clients (the population M) must be a positive int, got {num_clients!r}")
-    if not real(sample_rate) or not 0.0 < sample_rate <= 1.0:  # type: ignore[operator]
-        raise ValueError(f"sample_rate q must be in (0, 1], got {sample_rate!r}")
-    if not real(clip_norm) or not (clip_norm > 0 and math.isfinite(clip_norm)):  # type: ignore[operator,arg-type]
-        raise ValueError(f"clip_norm C must be a positive finite number, got {clip_norm!r}")
-    if not real(noise_multiplier) or not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):  # type: ignore[operator,arg-type]
-        raise ValueError(
-            f"noise_multiplier σ must be a positive finite number (σ = 0 releases the average without noise: no "
-            f"privacy at all), got {noise_multiplier!r}"
-        )
-    if not real(delta) or not 0.0 < delta < 1.0:  # type: ignore[operator]
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-    if sampling == "fixed":
-        size = sample_rate * num_clients  # type: ignore[operator]
-        if abs(size - round(size)) > 1e-6 or round(size) < 1:
-            raise ValueError(
-                f"sampling='fixed' draws exactly m = q*M clients, but q*M = {size} is not a positive whole number"
-            )
-        if accountant != "rdp":
-            raise ValueError(
-                f"accountant={accountant!r} cannot account sampling='fixed' (without replacement): only 'rdp' does"
-            )
-    if max_epsilon is not None and (not real(max_epsilon) or not (max_epsilon > 0 and math.isfinite(max_epsilon))):  # type: ignore[operator,arg-type]
-        raise ValueError(f"max_epsilon must be None or a positive finite number, got {max_epsilon!r}")
-    if not isinstance(secure, (bool, np.bool_)):
-        raise ValueError(f"secure must be a bool, got {secure!r}")
-    if not integer(seed) or seed < 0:  # type: ignore[operator]
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Records
 # ----------------------------------------------------------------------------------------------------------------
 
 
