@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
+from functools import cached_property
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar
@@ -266,10 +267,12 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         """Server-only steps after the recipe's (e.g. DP-FedSAM-topk's top-k of the noised average)."""
         return ()
 
-    @property
+    @cached_property
     def mechanisms(self) -> tuple[Mechanism, ...]:
         """The round's privacy pipeline: the recipe's mechanisms, then the server-only ones. Clients run their
-        client steps; :meth:`combine` runs every server step on the average, in this order."""
+        client steps; :meth:`combine` runs every server step on the average, in this order. Built once, so a
+        mechanism may hold state across rounds (``state_dict`` / ``load_state_dict``: checkpointed and resumed by
+        :meth:`state` / :meth:`load_state`)."""
         return mechanisms_for(self.client_recipe()) + self.server_mechanisms()
 
     def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:

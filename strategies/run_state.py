@@ -63,6 +63,9 @@ class RunState:
             audit_state, audit_arrays = self.auditor.canaries.state()
             state.update(audit_state)
             arrays.update(audit_arrays)
+        mechanisms = [mechanism.state_dict() for mechanism in self.mechanisms]
+        if any(mechanisms):  # only stateful pipelines add the key (checkpoints of stateless ones are unchanged)
+            state["mechanisms"] = mechanisms
         return state, arrays
 
     def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
@@ -73,3 +76,10 @@ class RunState:
         self.clipping.load_state(state)
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self.last_round_global = list(arrays.get("previous_global", []))
+        stored = state.get("mechanisms", [{} for _ in self.mechanisms])
+        if len(stored) != len(self.mechanisms):
+            raise ValueError(
+                f"checkpoint holds the state of {len(stored)} mechanisms, the pipeline has {len(self.mechanisms)}"
+            )
+        for mechanism, mechanism_state in zip(self.mechanisms, stored, strict=True):
+            mechanism.load_state_dict(mechanism_state)

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -75,13 +75,23 @@ class ServerStep:
 
 
 class Mechanism:
-    """One step of the pipeline. The default steps leave the update / the average as they are."""
+    """One step of the pipeline: a client step, a server step and its own state across rounds (pfl-research's
+    postprocessor shape). The default steps leave the update / the average as they are; the default state is none.
+    A strategy builds its mechanisms once, so a server step may keep state from round to round (a correlated-noise
+    mechanism's), which ``state_dict`` / ``load_state_dict`` carry through checkpoints (JSON-serialisable)."""
 
     def client_step(self, update: NDArrays, step: ClientStep) -> NDArrays:
         return update
 
     def server_step(self, average: NDArrays, step: ServerStep) -> NDArrays:
         return average
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint stores of this mechanism ({} = stateless)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""Issue 32 §3: a mechanism is an object with a client step, a server step and its own state. The strategy builds
+its pipeline once, so a server step keeps state from round to round, and the checkpoint carries it generically
+(``Mechanism.state_dict`` / ``load_state_dict``), not through a hard-coded list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord
+
+from fl_app.checkpoint import load_checkpoint
+from fl_app.config import compose_config
+from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.pipeline import Mechanism, ServerStep
+from strategies.dp_fedavg import DPFedAvg
+from tests.helpers import FakeGrid, random_update
+from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
+
+SHAPES = [(4, 5), (5,)]
+RUN = [
+    "strategy=dp_fedavg",
+    "dataset.num_clients=20",
+    "privacy.sample_rate=0.2",
+    "checkpoint_every=1",
+    "privacy.secure_noise=false",
+    "privacy.allow_seeded_deployment=true",
+    "privacy.client_statistics=raw",
+]
+
+
+class RoundsSeen(Mechanism):
+    """A server step with state: it counts the rounds it has post-processed (and changes nothing)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def server_step(self, average: list[np.ndarray], step: ServerStep) -> list[np.ndarray]:
+        self.rounds += 1
+        return average
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rounds = int(state["rounds"])
+
+
+class CountingDPFedAvg(DPFedAvg):
+    def server_mechanisms(self) -> tuple[Mechanism, ...]:
+        return (RoundsSeen(),)
+
+
+def _counter(strategy: DPFedAvg) -> RoundsSeen:
+    (counter,) = [m for m in strategy.mechanisms if isinstance(m, RoundsSeen)]
+    return counter
+
+
+def test_a_mechanism_keeps_its_state_across_rounds_and_a_resume(tmp_path: Path) -> None:
+    initial = ArrayRecord(random_update(SHAPES, 0.1, seed=0))
+    first = CountingDPFedAvg(compose_config(RUN), checkpoint_dir=tmp_path)
+    first.start(FakeGrid(), initial, num_rounds=2)
+    assert _counter(first).rounds == 2  # one object for the whole run, not rebuilt each round
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint.round == 2 and checkpoint.strategy_state["mechanisms"][-1] == {"rounds": 2}
+
+    resumed = CountingDPFedAvg(compose_config(RUN), checkpoint_dir=tmp_path, resume_from=checkpoint)
+    assert _counter(resumed).rounds == 2  # restored when built
+    resumed.start(FakeGrid(), initial, num_rounds=3)
+    assert _counter(resumed).rounds == 3
+    sigma = resumed.accounted_noise_multiplier
+    assert resumed.epsilon() == pytest.approx(compute_epsilon(sigma, 0.2, 3, resumed.config.privacy.delta), rel=1e-12)
+
+
+def test_a_stateless_pipeline_leaves_the_checkpoint_as_it_was(tmp_path: Path) -> None:
+    strategy = DPFedAvg(compose_config(RUN), checkpoint_dir=tmp_path)
+    strategy.start(FakeGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=1)
+    assert "mechanisms" not in load_checkpoint(tmp_path).strategy_state
+    assert strategy.mechanisms is strategy.mechanisms  # built once
