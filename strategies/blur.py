@@ -9,9 +9,27 @@
 
 from __future__ import annotations
 
-from fl_app.config import BlurConfig, BlurSparseConfig
+from dataclasses import dataclass
+
+from fl_app.config import SparseConfig, StrategyConfig, require
 from fl_app.instructions import RecipeSpec
 from strategies.base import FederatedStrategy
+
+
+@dataclass(frozen=True)
+class BlurConfig(StrategyConfig):
+    """DP-FedAvg-blur: the BLUR coefficient λ."""
+
+    blur_coef: float = 1.0
+
+    def check(self) -> None:
+        super().check()
+        require(self.blur_coef >= 0, "strategy.blur_coef", self.blur_coef, ">= 0")
+
+
+@dataclass(frozen=True)
+class BlurSparseConfig(BlurConfig, SparseConfig):
+    """DP-FedAvg-blurs: BLUR plus local update sparsification keeping the fraction p per layer (both checks)."""
 
 
 class DPFedAvgBLUR(FederatedStrategy):

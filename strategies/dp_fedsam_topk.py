@@ -13,10 +13,21 @@ Where the mask is computed decides what the accountant covers (SPEC §5):
 
 from __future__ import annotations
 
-from fl_app.config import TopKConfig
+from dataclasses import dataclass
+from typing import ClassVar
+
+from fl_app.config import MaskedConfig
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy.pipeline import Mechanism, ServerTopK
 from strategies.dp_fedsam import DPFedSAM
+
+
+@dataclass(frozen=True)
+class TopKConfig(MaskedConfig):
+    """DP-FedSAM-topk: the top-k mask of the noisy update (covered) or of the clean one (not covered)."""
+
+    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("noisy", "clean")
+    mask_source: str = "noisy"
 
 
 class DPFedSAMTopK(DPFedSAM):

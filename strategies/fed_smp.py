@@ -13,12 +13,30 @@ kept coordinates only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import numpy as np
 
-from fl_app.config import RandKConfig, SMPTopKConfig
+from fl_app.config import MaskedConfig, SparseConfig
 from fl_app.instructions import STREAM_ROUND_MASK, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
+
+
+@dataclass(frozen=True)
+class RandKConfig(SparseConfig):
+    """Fed-SMP-randk: send (update ⊙ mask) / p (unbiased) instead of update ⊙ mask."""
+
+    rescale: bool = True
+
+
+@dataclass(frozen=True)
+class SMPTopKConfig(MaskedConfig):
+    """Fed-SMP-topk: each client's own top-k (as published; not covered) or last round's public global top-k."""
+
+    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("local", "global")
+    mask_source: str = "local"
 
 
 class FedSMPRandK(FederatedStrategy):

@@ -11,17 +11,52 @@ converted to (ε, δ) by Lemma 3. Each round logs μ and ε(δ).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from fl_app.config import ConfigError, NoisyConfig, NoisyProxConfig, StrategyConfig
+from fl_app.choices import NOISY_SCHEDULES
+from fl_app.config import ConfigError, StrategyConfig, require
 from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
 from strategies.base import FederatedStrategy
 from strategies.rounds import RoundPlan
+
+
+@dataclass(frozen=True)
+class NoisyConfig(StrategyConfig):
+    """Noisy-FedAvg (seed 004): K local steps, the schedule's constant μ and the schedule, per-step gradient clip V,
+    absolute noise std σ on the uploaded model, the assumed smoothness L."""
+
+    local_steps: int = 10
+    noisy_lr: float = 0.05
+    lr_schedule: str = "constant"
+    grad_clip: float = 1.0
+    noise_std: float = 0.01
+    smoothness: float = 1.0
+
+    def check(self) -> None:
+        super().check()
+        require(self.noisy_lr > 0, "strategy.noisy_lr", self.noisy_lr, "> 0")
+        require(self.lr_schedule in NOISY_SCHEDULES, "strategy.lr_schedule", self.lr_schedule,
+                " | ".join(NOISY_SCHEDULES))  # fmt: skip
+        require(self.grad_clip > 0, "strategy.grad_clip", self.grad_clip, "V > 0")
+        require(self.noise_std >= 0, "strategy.noise_std", self.noise_std, "sigma >= 0")
+        require(self.smoothness > 0, "strategy.smoothness", self.smoothness, "L > 0")
+
+
+@dataclass(frozen=True)
+class NoisyProxConfig(NoisyConfig):
+    """Noisy-FedProx: Noisy-FedAvg plus the proximal coefficient α."""
+
+    prox_coef: float = 0.0
+
+    def check(self) -> None:
+        super().check()
+        require(self.prox_coef >= 0, "strategy.prox_coef", self.prox_coef, "alpha >= 0")
 
 
 class NoisyFedAvg(FederatedStrategy):

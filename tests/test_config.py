@@ -18,13 +18,8 @@ from fl_app.config import (
     GROUP_KEYS,
     SCALAR_KEYS,
     AppConfig,
-    BlurSparseConfig,
     ConfigError,
-    NoisyProxConfig,
-    RandKConfig,
-    SMPTopKConfig,
     StrategyConfig,
-    TopKConfig,
     compose_config,
     load_app_config,
     noise_stream_key,
@@ -33,6 +28,10 @@ from fl_app.config import (
     validate,
 )
 from fl_app.data.datasets import DATASETS
+from strategies.blur import BlurSparseConfig
+from strategies.dp_fedsam_topk import TopKConfig
+from strategies.fed_smp import RandKConfig, SMPTopKConfig
+from strategies.noisy import NoisyProxConfig
 
 try:
     import tomllib

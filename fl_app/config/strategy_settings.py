@@ -1,6 +1,6 @@
-"""The ``strategy`` section: :class:`StrategyConfig`, the settings every strategy has, and the subclasses of the
-strategies with settings of their own (sparsified methods, SPEC §5 and SPEC_BASELINES.md; BLUR; Noisy-FedAvg and
-Noisy-FedProx, seed 004), each checking its own fields; validating the section against the settings class of
+"""The ``strategy`` section: :class:`StrategyConfig`, the settings every strategy has, and the shared settings of the
+sparsified methods (SPEC §5 and SPEC_BASELINES.md) — a strategy's own settings class lives beside the strategy in
+strategies/ (its ``settings_class``), checking its own fields; validating the section against the settings class of
 the strategy that ``strategy._target_`` names; and the upgrade of a stored config's strategy section.
 """
 
@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
-from fl_app.choices import NOISY_SCHEDULES
 from fl_app.config.readers import _boolean, _fail, _integer, _known_keys, _number, _require, require
 
 #: Every strategy class named by ``strategy._target_`` derives from this one.
@@ -55,78 +54,6 @@ class MaskedConfig(SparseConfig):
         super().check()
         require(self.mask_source in self.MASK_SOURCES, "strategy.mask_source", self.mask_source,
                 " | ".join(self.MASK_SOURCES))  # fmt: skip
-
-
-@dataclass(frozen=True)
-class TopKConfig(MaskedConfig):
-    """DP-FedSAM-topk: the top-k mask of the noisy update (covered) or of the clean one (not covered)."""
-
-    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("noisy", "clean")
-    mask_source: str = "noisy"
-
-
-@dataclass(frozen=True)
-class RandKConfig(SparseConfig):
-    """Fed-SMP-randk: send (update ⊙ mask) / p (unbiased) instead of update ⊙ mask."""
-
-    rescale: bool = True
-
-
-@dataclass(frozen=True)
-class SMPTopKConfig(MaskedConfig):
-    """Fed-SMP-topk: each client's own top-k (as published; not covered) or last round's public global top-k."""
-
-    MASK_SOURCES: ClassVar[tuple[str, ...]] = ("local", "global")
-    mask_source: str = "local"
-
-
-@dataclass(frozen=True)
-class BlurConfig(StrategyConfig):
-    """DP-FedAvg-blur: the BLUR coefficient λ."""
-
-    blur_coef: float = 1.0
-
-    def check(self) -> None:
-        super().check()
-        require(self.blur_coef >= 0, "strategy.blur_coef", self.blur_coef, ">= 0")
-
-
-@dataclass(frozen=True)
-class BlurSparseConfig(BlurConfig, SparseConfig):
-    """DP-FedAvg-blurs: BLUR plus local update sparsification keeping the fraction p per layer (both checks)."""
-
-
-@dataclass(frozen=True)
-class NoisyConfig(StrategyConfig):
-    """Noisy-FedAvg (seed 004): K local steps, the schedule's constant μ and the schedule, per-step gradient clip V,
-    absolute noise std σ on the uploaded model, the assumed smoothness L."""
-
-    local_steps: int = 10
-    noisy_lr: float = 0.05
-    lr_schedule: str = "constant"
-    grad_clip: float = 1.0
-    noise_std: float = 0.01
-    smoothness: float = 1.0
-
-    def check(self) -> None:
-        super().check()
-        require(self.noisy_lr > 0, "strategy.noisy_lr", self.noisy_lr, "> 0")
-        require(self.lr_schedule in NOISY_SCHEDULES, "strategy.lr_schedule", self.lr_schedule,
-                " | ".join(NOISY_SCHEDULES))  # fmt: skip
-        require(self.grad_clip > 0, "strategy.grad_clip", self.grad_clip, "V > 0")
-        require(self.noise_std >= 0, "strategy.noise_std", self.noise_std, "sigma >= 0")
-        require(self.smoothness > 0, "strategy.smoothness", self.smoothness, "L > 0")
-
-
-@dataclass(frozen=True)
-class NoisyProxConfig(NoisyConfig):
-    """Noisy-FedProx: Noisy-FedAvg plus the proximal coefficient α."""
-
-    prox_coef: float = 0.0
-
-    def check(self) -> None:
-        super().check()
-        require(self.prox_coef >= 0, "strategy.prox_coef", self.prox_coef, "alpha >= 0")
 
 
 def _strategy_class(section: Mapping[str, Any]) -> type:
