@@ -241,6 +241,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         if self._prepared:
             return
         self.resolve_settings(is_simulation(grid))
+        if self.private:  # a pipeline that makes no privacy event is refused before anything is released
+            self.release_events(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
         self.summary()
         self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
         if self.config.audit.enabled:

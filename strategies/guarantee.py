@@ -19,6 +19,7 @@ from fl_app.instructions import (
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
+from fl_app.privacy.pipeline import PrivacyEvent, ReleaseParameters
 from fl_app.releases import Release, model_digest
 from strategies.clipping import AdaptiveClipNorm
 
@@ -163,9 +164,19 @@ class Guarantee:
             return self.noise_multiplier
         return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics.noise_multiplier)
 
+    def release_events(self, noise_multiplier: float, sample_rate: float) -> list[PrivacyEvent]:
+        """The privacy events one release of this strategy makes: those of its pipeline's mechanisms (a private
+        strategy whose pipeline makes none is refused: its releases would go unaccounted)."""
+        release = ReleaseParameters(noise_multiplier, sample_rate)
+        events = [event for m in self.mechanisms if (event := m.privacy_event(release)) is not None]
+        if not events:
+            raise RuntimeError(f"{type(self).__name__}: no mechanism of its pipeline makes a privacy event")
+        return events
+
     def account_round(self) -> None:
         if self.ledger is not None:
-            self.ledger.step(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
+            for event in self.release_events(self.accounted_noise_multiplier, self.config.privacy.sample_rate):
+                self.ledger.compose(event)
 
     def release(self, server_round: int, weights: list[np.ndarray]) -> Release:
         """This round's noisy model ``weights`` as a release (the write-ahead log's record)."""
@@ -181,7 +192,8 @@ class Guarantee:
         """Count a release logged after the checkpoint this run resumed from (the accountant restored from it has
         not seen it)."""
         if self.ledger is not None:
-            self.ledger.step(release.noise_multiplier, release.sample_rate)
+            for event in self.release_events(release.noise_multiplier, release.sample_rate):
+                self.ledger.compose(event)
 
     def round_extras(self) -> dict[str, Any]:
         """Strategy-specific fields of the round record."""

@@ -59,6 +59,11 @@ class PrivacyLedger(ABC):
         """Account ``rounds`` releases of a mechanism with multiplier σ and sampling rate q."""
 
     @abstractmethod
+    def compose(self, event: Any, count: int = 1) -> None:
+        """Account ``count`` releases that each make ``event`` (a mechanism's
+        :meth:`~fl_app.privacy.pipeline.Mechanism.privacy_event`); an event this ledger cannot account is refused."""
+
+    @abstractmethod
     def epsilon_at(self, delta: float) -> float:
         """ε(δ) spent so far (0 before the first release)."""
 
@@ -139,6 +144,11 @@ class SampledGaussianLedger(PrivacyLedger):
         event = self._event(noise_multiplier, sample_rate, rounds)
         if rounds:
             self.accountant.compose(event, rounds)
+
+    def compose(self, event: Any, count: int = 1) -> None:
+        if not isinstance(event, SampledGaussianEvent):
+            raise TypeError(f"a sampled-Gaussian ledger accounts SampledGaussianEvent releases, not {event!r}")
+        self.step(event.noise_multiplier, event.sample_rate, count)
 
     def epsilon_at(self, delta: float) -> float:
         return self.accountant.get_epsilon(delta)
@@ -225,6 +235,11 @@ class GDPLedger(PrivacyLedger):
     def step(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> None:
         if rounds:
             self.accountant.compose(GDPEvent(), int(rounds))
+
+    def compose(self, event: Any, count: int = 1) -> None:
+        if not isinstance(event, GDPEvent):
+            raise TypeError(f"the GDP ledger accounts GDPEvent releases (seed 004's bound), not {event!r}")
+        self.step(0.0, 0.0, count)
 
     def epsilon_at(self, delta: float) -> float:
         return self.accountant.get_epsilon(delta)

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.accountants.events import GDPEvent, SampledGaussianEvent
 
 NDArrays = list[np.ndarray]
 
@@ -74,6 +75,19 @@ class ServerStep:
     updates: list[NDArrays] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ReleaseParameters:
+    """What a release's privacy event needs beyond the mechanism: the noise multiplier the accountant composes (the
+    joint one when a noisy count is released with the update: Andrew et al. 2021, Thm. 1) and the sampling rate q."""
+
+    noise_multiplier: float
+    sample_rate: float
+
+
+#: An event a ledger composes (fl_app/privacy/accountants/events.py).
+PrivacyEvent = SampledGaussianEvent | GDPEvent
+
+
 class Mechanism:
     """One step of the pipeline: a client step, a server step and its own state across rounds (pfl-research's
     postprocessor shape). The default steps leave the update / the average as they are; the default state is none.
@@ -85,6 +99,11 @@ class Mechanism:
 
     def server_step(self, average: NDArrays, step: ServerStep) -> NDArrays:
         return average
+
+    def privacy_event(self, release: ReleaseParameters) -> PrivacyEvent | None:
+        """The privacy event one release of this mechanism makes, which the run's ledger composes (None: the step
+        releases nothing of its own — clipping, masks and post-processing)."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint stores of this mechanism ({} = stateless)."""
@@ -148,6 +167,11 @@ class GaussianNoise(Mechanism):
     def server_step(self, average: NDArrays, step: ServerStep) -> NDArrays:
         return mech.add_gaussian_noise(average, step.noise_std, step.rng)
 
+    def privacy_event(self, release: ReleaseParameters) -> PrivacyEvent:
+        # The aggregate's noise is N(0, σ²C²/m²) over the fixed m whoever adds it (the placement): one sampled
+        # Gaussian release of sensitivity C/m.
+        return SampledGaussianEvent(release.noise_multiplier, release.sample_rate)
+
 
 class NoiseOnSupport(Mechanism):
     """Fed-SMP: noise only on the kept coordinates. A client that noised its update restricts it to its support
@@ -210,6 +234,10 @@ class AbsoluteNoise(Mechanism):
     def client_step(self, update: NDArrays, step: ClientStep) -> NDArrays:
         step.pre_clip_norm = mech.global_l2_norm(update)
         return mech.add_gaussian_noise(update, self.std, step.rng)
+
+    def privacy_event(self, release: ReleaseParameters) -> PrivacyEvent:
+        # One release of the mechanism whose T-fold composition seed 004's GDP bound states (Thms 3 and 4).
+        return GDPEvent()
 
 
 class _Unclipped(Exception):

@@ -4,6 +4,7 @@ its pipeline once, so a server step keeps state from round to round, and the che
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +14,9 @@ from flwr.app import ArrayRecord
 
 from fl_app.checkpoint import load_checkpoint
 from fl_app.config import compose_config
+from fl_app.privacy.accountants import SampledGaussianEvent
 from fl_app.privacy.accounting import compute_epsilon
-from fl_app.privacy.pipeline import Mechanism, ServerStep
+from fl_app.privacy.pipeline import GaussianNoise, Mechanism, ReleaseParameters, ServerStep
 from strategies.dp_fedavg import DPFedAvg
 from tests.helpers import FakeGrid, random_update
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
@@ -79,3 +81,44 @@ def test_a_stateless_pipeline_leaves_the_checkpoint_as_it_was(tmp_path: Path) ->
     strategy.start(FakeGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=1)
     assert "mechanisms" not in load_checkpoint(tmp_path).strategy_state
     assert strategy.mechanisms is strategy.mechanisms  # built once
+
+
+# ----- the privacy event each release makes is the mechanism's ---------------------------------------------------
+
+
+class HalfStrengthNoise(GaussianNoise):
+    """The same noise, but the event it reports is that of half the multiplier (an accountant's conservative view)."""
+
+    def privacy_event(self, release: ReleaseParameters) -> SampledGaussianEvent:
+        return SampledGaussianEvent(release.noise_multiplier / 2, release.sample_rate)
+
+
+class ConservativeDPFedAvg(DPFedAvg):
+    def server_mechanisms(self) -> tuple[Mechanism, ...]:
+        return ()
+
+    @cached_property
+    def mechanisms(self) -> tuple[Mechanism, ...]:
+        return tuple(HalfStrengthNoise() if type(m) is GaussianNoise else m for m in super().mechanisms)
+
+
+class NoEventDPFedAvg(DPFedAvg):
+    @cached_property
+    def mechanisms(self) -> tuple[Mechanism, ...]:
+        return tuple(m for m in super().mechanisms if not isinstance(m, GaussianNoise))
+
+
+def test_the_ledger_composes_the_event_its_mechanisms_report() -> None:
+    strategy = ConservativeDPFedAvg(compose_config(RUN))
+    strategy.start(FakeGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=2)
+    sigma, delta = strategy.accounted_noise_multiplier, strategy.config.privacy.delta
+    assert strategy.epsilon() == pytest.approx(compute_epsilon(sigma / 2, 0.2, 2, delta), rel=1e-12)
+    assert strategy.epsilon() > compute_epsilon(sigma, 0.2, 2, delta)
+
+
+def test_a_private_pipeline_without_a_privacy_event_is_refused_before_any_message() -> None:
+    strategy = NoEventDPFedAvg(compose_config(RUN))
+    grid = FakeGrid()
+    with pytest.raises(RuntimeError, match="makes a privacy event"):
+        strategy.start(grid, ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=1)
+    assert grid.sent == []
