@@ -27,12 +27,14 @@ from strategies.rounds import RoundPlan
 class CanaryAuditor:
     """The run's canaries (``audit``) from ``start()`` to the end of the run."""
 
-    def __init__(self, config: AppConfig, shapes: list[tuple[int, ...]], directory: Path | None) -> None:
+    def __init__(self, config: AppConfig, shapes: list[tuple[int, ...]], directory: Path | None, key: int) -> None:
+        """``key`` keys the canaries' draws unless ``audit.seed`` is set: secret from the clients when randomness is
+        secure (strategies/randomness.py::RunRandomness.secret_key), kept in the checkpoint for a resume."""
         p = config.privacy
         self.config = config
         self.canaries = CanaryAudit(
             config.audit,
-            run_seed=config.seed,
+            run_seed=key,
             clip_norm=p.clip_norm,
             delta=p.delta,
             shapes=shapes,

@@ -246,10 +246,13 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.summary()
         self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
         if self.config.audit.enabled:
+            resumed = {} if self.resume_from is None else self.resume_from.strategy_state
             self.auditor = CanaryAuditor(
                 self.config,
                 shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
                 directory=None if self.checkpoint_dir is None else self.checkpoint_dir / "audit",
+                # A resume keeps the run's key (checkpoints before the key was stored used the seed).
+                key=int(resumed.get("audit_key", self.config.seed)) if resumed else self.randomness.secret_key(),
             )
             if (checkpoint := self.resume_from) is not None:
                 state, arrays = checkpoint.strategy_state, checkpoint.strategy_arrays

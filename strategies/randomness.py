@@ -9,6 +9,7 @@ the same clients. What this means for the guarantee is what ``run.json`` says: :
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,12 @@ class RunRandomness:
         """The server's noise draws of a round (the update's noise, the noisy counts): :meth:`round_rng`'s stream,
         keyed also by :attr:`noise_key` under ``privacy.noise_stream=per_run``."""
         return mech.random_source(self.secure, self.seed, server_round, purpose, noise_key=self.noise_key)
+
+    def secret_key(self) -> int:
+        """A key for draws that must stay secret from the clients (the canaries' directions and memberships): from
+        the OS CSPRNG when randomness is secure — the run's seed goes to every client as the data layout's seed
+        (``partition_seed``) — else the seed (a reproducible simulation)."""
+        return secrets.randbits(62) if self.secure else self.seed
 
     def sample(self, population: int, rng: mech.RandomSource) -> np.ndarray:
         """The round's sampler (SPEC §1) over ``population`` clients: each with probability q (Poisson), or

@@ -61,7 +61,7 @@ class RunState:
             arrays["previous_global"] = list(self.last_round_global)
         if self.auditor is not None:
             audit_state, audit_arrays = self.auditor.canaries.state()
-            state.update(audit_state)
+            state.update(audit_state, audit_key=int(self.auditor.canaries.seed))
             arrays.update(audit_arrays)
         mechanisms = [mechanism.state_dict() for mechanism in self.mechanisms]
         if any(mechanisms):  # only stateful pipelines add the key (checkpoints of stateless ones are unchanged)
