@@ -1,5 +1,5 @@
 """Every closed list of choices a setting can take, each defined once: a ``Literal`` type and, read from it with
-``typing.get_args``, the tuple that config validation (fl_app/config.py), the math (fl_app/privacy/) and the
+``typing.get_args``, the tuple that config validation (fl_app/config/), the math (fl_app/privacy/) and the
 command lines check against. This module is the lowest layer: it imports nothing of the project.
 """
 
@@ -36,13 +36,13 @@ CLIENT_STATISTICS: tuple[str, ...] = get_args(ClientStatisticsMode)
 #: ``privacy.noise_stream``: whose noise a seeded run draws. ``shared``: the (seed, round, purpose[, client]) streams
 #: that every seeded run of the seed draws, whatever its strategy, C or σ (paired comparisons; but two such models,
 #: published, cancel each other's noise); ``per_run``: those streams keyed also by the run's config
-#: (fl_app/config.py ``noise_stream_key``).
+#: (fl_app/config/privacy.py ``noise_stream_key``).
 NoiseStream = Literal["shared", "per_run"]
 NOISE_STREAMS: tuple[str, ...] = get_args(NoiseStream)
 
 #: ``audit.guess_rule``: the canary audit's one-run lower bound guesses "inserted" on the highest scores only
 #: (one-sided), or also "not inserted" on the lowest (two-sided, the paper's symmetric rule)
-#: (fl_app/privacy/audit.py ``one_run_lower_bound``).
+#: (fl_app/privacy/audit/lower_bound.py ``one_run_lower_bound``).
 GuessRule = Literal["one_sided", "two_sided"]
 GUESS_RULES: tuple[str, ...] = get_args(GuessRule)
 

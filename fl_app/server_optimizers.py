@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-#: The accepted values of ``server_optimizer.name`` (fl_app/config.py validates against this list).
+#: The accepted values of ``server_optimizer.name`` (fl_app/config/server_optimizer.py validates against this list).
 SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
 
 

@@ -1,4 +1,4 @@
-"""Tests for fl_app/config.py: the composed Hydra config, its validation (one ConfigError naming the key and the
+"""Tests for fl_app/config/: the composed Hydra config, its validation (one ConfigError naming the key and the
 allowed range), and the ``flwr run`` front door (run-config → Hydra overrides), which must not drift from
 conf/config.yaml.
 """

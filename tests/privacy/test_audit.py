@@ -1,4 +1,4 @@
-"""Tests for fl_app/privacy/audit.py: canary directions and dot products, the test statistics and ε estimate of
+"""Tests for fl_app/privacy/audit/: canary directions and dot products, the test statistics and ε estimate of
 Andrew et al. (ICLR 2024, arXiv 2302.03098) and the one-run lower bound of Steinke, Nasr & Jagielski (NeurIPS 2023,
 arXiv 2305.08846).
 

@@ -1,4 +1,4 @@
-"""Tests for fl_app/privacy/fdp.py: the GDP bounds of Sun et al. (seed 004) Thm 3 / Thm 4, the conversions of
+"""Tests for fl_app/privacy/fdp/: the GDP bounds of Sun et al. (seed 004) Thm 3 / Thm 4, the conversions of
 Lemmas 3–5, the constants c and z, monotonicity and convergence of the bounds, validation and the CLI.
 
 Every reference value is computed here independently of the module: Lemma 3 from the trade-off of N(0,1) vs

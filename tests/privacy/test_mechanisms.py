@@ -1,4 +1,4 @@
-"""Tests for fl_app/privacy/mechanisms.py: global-norm clipping (DP-FedSAM journal Eq. 10), Gaussian noise
+"""Tests for fl_app/privacy/mechanisms/: global-norm clipping (DP-FedSAM journal Eq. 10), Gaussian noise
 (Eq. 11), fixed-denominator averaging and client sampling (SPEC §1–2), clipping statistics (Eq. 18) and the
 per-layer top-k / rand-k masks (Eq. 12, SPEC §5).
 """

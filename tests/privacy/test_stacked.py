@@ -1,5 +1,5 @@
 """Tests for fl_app/privacy/stacked.py: a cohort's updates clipped and summed as stacked tensors must keep the bound
-and the values of the per-update functions of fl_app/privacy/mechanisms.py (runs on the CPU; the same code runs on
+and the values of the per-update functions of fl_app/privacy/mechanisms/ (runs on the CPU; the same code runs on
 the GPU in the captured engine)."""
 
 from __future__ import annotations
