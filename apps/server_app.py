@@ -24,9 +24,9 @@ from flwr.serverapp.strategy import Result
 from hydra.utils import get_class
 
 from fl_app.allocator import limit_malloc_arenas
-from fl_app.atomic import atomic_write
 from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
+from fl_app.core.atomic import atomic_write
 from fl_app.data.datasets import load_split
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, evaluate, get_weights, resolve_device, set_weights, weight_names

@@ -38,7 +38,7 @@ from clients.recipes import privatize_update
 from clients.regularizers import blur_term
 from clients.training import LocalTrainingResult
 from clients.vectorized import StackedRegularizer, train_stacked, train_stacked_noisy
-from fl_app.choices import CohortEngine
+from fl_app.core.choices import CohortEngine
 from fl_app.instructions import TrainInstructions
 from fl_app.models import resolve_device, set_weights, weight_names
 from fl_app.privacy import mechanisms as mech

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from clients.sam import SAM, frozen_batchnorm_stats
-from fl_app.choices import NOISY_SCHEDULES, NoisySchedule
+from fl_app.core.choices import NOISY_SCHEDULES, NoisySchedule
 from fl_app.instructions import LocalTrainingConfig, NoisyLocalConfig
 from fl_app.models import to_compute_layout
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from fl_app.atomic import atomic_write
 from fl_app.config import AppConfig, upgrade_stored_config, validate
+from fl_app.core.atomic import atomic_write
 
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT_VERSION = 1

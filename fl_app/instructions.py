@@ -15,8 +15,8 @@ from typing import Any, get_args
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fl_app.choices import LOCAL_OPTIMIZERS, NOISY_SCHEDULES, CohortEngine, LocalOptimizer, NoisySchedule
 from fl_app.config import AppConfig, noise_stream_key
+from fl_app.core.choices import LOCAL_OPTIMIZERS, NOISY_SCHEDULES, CohortEngine, LocalOptimizer, NoisySchedule
 
 # Purposes of the random streams: simulation randomness is mech.make_rng(seed, round, purpose[, partition]),
 # so every draw is a pure function of (seed, round, client) and a resumed or re-run round draws the same values.

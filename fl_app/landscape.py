@@ -42,7 +42,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fl_app.choices import DEVICES
+from fl_app.core.choices import DEVICES
 from fl_app.models import evaluate
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any
 
 from flwr.common.logger import log
 
-from fl_app.atomic import atomic_write
+from fl_app.core.atomic import atomic_write
 from fl_app.privacy.mechanisms import CLIPPING_STATS_KEYS
 
 #: The operator's own per-round record of client counts (sampled, answered, rejected) when the run publishes no

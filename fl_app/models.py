@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fl_app.core.choices import MODEL_NAMES
+
 __all__ = [
     "CNN",
     "MODELS",
@@ -88,6 +90,8 @@ def resnet18_gn(num_classes: int, in_channels: int = 3, groups: int = 2, image_s
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {"cnn": CNN, "resnet18": resnet18_gn}
+if tuple(MODELS) != MODEL_NAMES:
+    raise ImportError(f"fl_app/core/choices.py::MODEL_NAMES {MODEL_NAMES} are not the builders of MODELS")
 
 
 def build_model(name: str, num_classes: int, in_channels: int, seed: int, **kwargs: int) -> nn.Module:

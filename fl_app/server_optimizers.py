@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from fl_app.core.choices import SERVER_OPTIMIZERS
+
 #: The accepted values of ``server_optimizer.name`` (fl_app/config/server_optimizer.py validates against this list).
-SERVER_OPTIMIZERS = ("sgd", "momentum", "adagrad", "adam", "yogi")
 
 
 class ServerOptimizer:

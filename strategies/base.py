@@ -48,8 +48,8 @@ from flwr.serverapp import Grid, PrivacyAccountant
 from flwr.serverapp.strategy import Strategy
 
 from fl_app.checkpoint import Checkpoint
-from fl_app.choices import LocalOptimizer
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
+from fl_app.core.choices import LocalOptimizer
 from fl_app.instructions import (
     STREAM_SAMPLING,
     LocalTrainingConfig,

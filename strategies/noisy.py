@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fl_app.choices import NOISY_SCHEDULES
 from fl_app.config import ConfigError, StrategyConfig, require
+from fl_app.core.choices import NOISY_SCHEDULES
 from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, evaluate_statistics
-from fl_app.choices import GUESS_RULES, GuessRule
+from fl_app.core.choices import GUESS_RULES, GuessRule
 from fl_app.privacy import audit as stats
 
 

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from fl_app.atomic import atomic_write
-from fl_app.choices import GuessRule
 from fl_app.config import AuditConfig
+from fl_app.core.atomic import atomic_write
+from fl_app.core.choices import GuessRule
 from fl_app.privacy import audit as stats
 from fl_app.privacy.mechanisms import make_rng
 

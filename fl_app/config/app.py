@@ -12,7 +12,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from fl_app.choices import POPULATIONS, PopulationMode
 from fl_app.config.audit import AuditConfig, _validate_audit
 from fl_app.config.faults import FaultInjectionConfig, _validate_faults
 from fl_app.config.privacy import PrivacyConfig, _check_adaptive_support, _validate_privacy
@@ -28,6 +27,7 @@ from fl_app.config.training import (
     _validate_dataset,
     _validate_model,
 )
+from fl_app.core.choices import POPULATIONS, PopulationMode
 
 
 @dataclass(frozen=True)

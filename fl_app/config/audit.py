@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fl_app.choices import GUESS_RULES, GuessRule
 from fl_app.config.readers import _choice, _finite, _integer, _known_keys, _number, _optional_integer, _require
+from fl_app.core.choices import GUESS_RULES, GuessRule
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fl_app.choices import (
+from fl_app.config.readers import _boolean, _choice, _fail, _finite, _known_keys, _number, _require
+from fl_app.core.choices import (
     ACCOUNTANTS,
     CLIENT_STATISTICS,
     CLIPPINGS,
@@ -23,7 +24,6 @@ from fl_app.choices import (
     Placement,
     Sampling,
 )
-from fl_app.config.readers import _boolean, _choice, _fail, _finite, _known_keys, _number, _require
 
 
 @dataclass(frozen=True)

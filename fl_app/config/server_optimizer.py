@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fl_app.config.readers import _choice, _known_keys, _number, _require
-from fl_app.server_optimizers import SERVER_OPTIMIZERS
+from fl_app.core.choices import SERVER_OPTIMIZERS
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from fl_app.choices import COHORT_ENGINES, DEVICES, CohortEngine, Device
 from fl_app.config.readers import _choice, _known_keys, _number, _optional_integer, _require
+from fl_app.core.choices import COHORT_ENGINES, DEVICES, CohortEngine, Device
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fl_app.config.readers import _boolean, _choice, _integer, _known_keys, _number, _optional_integer, _require
+from fl_app.core.choices import MODEL_NAMES
 
 
 @dataclass(frozen=True)
@@ -84,7 +85,5 @@ def _validate_dataset(section: Mapping[str, Any]) -> DatasetConfig:
 
 
 def _validate_model(section: Mapping[str, Any]) -> ModelConfig:
-    from fl_app.models import MODELS
-
     _known_keys(section, ModelConfig, "model")
-    return ModelConfig(name=_choice(section, "name", "model", MODELS))
+    return ModelConfig(name=_choice(section, "name", "model", MODEL_NAMES))

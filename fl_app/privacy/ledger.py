@@ -27,7 +27,7 @@ from typing import Any
 from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from fl_app.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy.accountants import (
     FlowerAccountant,
     GDPAccountant,

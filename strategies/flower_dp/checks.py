@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedPro
 from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fl_app.choices import ACCOUNTANTS, SAMPLINGS
+from fl_app.core.choices import ACCOUNTANTS, SAMPLINGS
 
 #: The MetricRecord key the inner strategy must weight by (``FedAvg(weighted_by_key=UNIT_WEIGHT)``): the wrapper
 #: sets it to 1 in every reply it forwards, so the inner strategy's weighted mean is the unweighted one.

@@ -47,7 +47,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from fl_app.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import Release, ReleaseLog, model_digest

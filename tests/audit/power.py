@@ -38,7 +38,7 @@ from flwr.app import ArrayRecord, Message
 
 from clients.recipes import privatize_update
 from fl_app.audit.canaries import AuditResult
-from fl_app.choices import GUESS_RULES
+from fl_app.core.choices import GUESS_RULES
 from fl_app.instructions import TrainInstructions
 from fl_app.privacy import mechanisms as mech
 from tests.helpers import FakeGrid, build, partition_of, reply, zeros

@@ -22,7 +22,7 @@ from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_app import choices
+from fl_app.core import choices
 from fl_app.privacy import accounting
 from fl_app.privacy.accountants import (
     FlowerAccountant,

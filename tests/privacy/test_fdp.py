@@ -19,7 +19,7 @@ import pytest
 from scipy.optimize import minimize_scalar
 from scipy.stats import norm
 
-from fl_app.choices import NOISY_SCHEDULES
+from fl_app.core.choices import NOISY_SCHEDULES
 from fl_app.privacy.fdp import (
     GDPBound,
     compose_gdp,

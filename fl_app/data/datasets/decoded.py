@@ -66,7 +66,7 @@ def _read_decoded(
 def _write_decoded(
     root: str, name: str, signature: list[list[Any]], splits: tuple[tuple[np.ndarray, np.ndarray], ...]
 ) -> None:
-    from fl_app.atomic import atomic_write
+    from fl_app.core.atomic import atomic_write
 
     (train_x, train_y), (test_x, test_y) = splits
     path = _decoded_path(root, name)

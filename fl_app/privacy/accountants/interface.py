@@ -22,7 +22,7 @@ from flwr.supercore.privacy_accounting import (
     SamplingMethod,
 )
 
-from fl_app.choices import Sampling
+from fl_app.core.choices import Sampling
 
 __all__ = [
     "FlowerAccountant",

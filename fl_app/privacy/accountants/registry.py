@@ -8,9 +8,9 @@ Every class is constructed as ``cls(config, **kwargs)`` with Flower's ``PrivacyC
 - ``gdp``: :class:`~fl_app.privacy.accountants.gdp.GDPAccountant` (``bound=`` and ``description=`` as keywords);
 - ``flower-rdp``: Flower's own ``RdpAccountant`` (``orders=`` optional).
 
-The built-in names are ``fl_app.choices.REGISTERED_ACCOUNTANTS``, the one list of them (the sampled Gaussian ones are
-``fl_app.choices.AccountantName``, the values of ``privacy.accountant``); this module checks on import that it
-registers exactly those.
+The built-in names are ``fl_app.core.choices.REGISTERED_ACCOUNTANTS``, the one list of them (the sampled Gaussian
+ones are ``fl_app.core.choices.AccountantName``, the values of ``privacy.accountant``); this module checks on import
+that it registers exactly those.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 from flwr.supercore.privacy_accounting import PrivacyAccountant, PrivacyConfig
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from fl_app.choices import ACCOUNTANTS as SAMPLED_GAUSSIAN_METHODS
-from fl_app.choices import REGISTERED_ACCOUNTANTS
+from fl_app.core.choices import ACCOUNTANTS as SAMPLED_GAUSSIAN_METHODS
+from fl_app.core.choices import REGISTERED_ACCOUNTANTS
 from fl_app.privacy.accountants.gdp import GDPAccountant
 from fl_app.privacy.accountants.sampled_gaussian import SampledGaussianAccountant
 
@@ -35,7 +35,9 @@ ACCOUNTANTS: dict[str, type[Any]] = {
 }
 
 if tuple(ACCOUNTANTS) != REGISTERED_ACCOUNTANTS:
-    raise ImportError(f"the registry's names {tuple(ACCOUNTANTS)} are not fl_app.choices' {REGISTERED_ACCOUNTANTS}")
+    raise ImportError(
+        f"the registry's names {tuple(ACCOUNTANTS)} are not fl_app.core.choices' {REGISTERED_ACCOUNTANTS}"
+    )
 
 #: The members of Flower's PrivacyAccountant Protocol, which a registered class must have.
 _MEMBERS = tuple(name for name in vars(PrivacyAccountant) if not name.startswith("_"))

@@ -35,7 +35,7 @@ from flwr.supercore.privacy_accounting import (
     PrivacySpent,
 )
 
-from fl_app.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy import accounting
 from fl_app.privacy.accountants.events import SampledGaussianEvent, as_sampled_gaussian
 from fl_app.privacy.accountants.interface import run_sampling

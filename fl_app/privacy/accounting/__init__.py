@@ -27,7 +27,7 @@ The package, one idea a module:
 - :mod:`.accountant`: :class:`PrivacyAccountant`, the stateful accountant with the budget guard.
 """
 
-from fl_app.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy.accounting.accountant import PrivacyAccountant
 from fl_app.privacy.accounting.calibration import calibrate_noise_multiplier, compute_epsilon
 from fl_app.privacy.accounting.checks import Segment, fixed_sample_size

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fl_app.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy.accounting.checks import Segment, _check_config, _check_segment, fixed_sample_size
 from fl_app.privacy.accounting.composition import epsilon_from_history
 

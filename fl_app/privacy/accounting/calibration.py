@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 
-from fl_app.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy.accounting.checks import _check_config, _check_delta, _check_segment
 from fl_app.privacy.accounting.composition import _MAX_BISECTIONS, epsilon_from_history
 

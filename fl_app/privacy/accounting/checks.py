@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from fl_app.choices import ACCOUNTANTS, SAMPLINGS
+from fl_app.core.choices import ACCOUNTANTS, SAMPLINGS
 
 # (noise_multiplier σ, sample_rate q, number of rounds) — the same triple Opacus keeps in its history.
 Segment = tuple[float, float, int]

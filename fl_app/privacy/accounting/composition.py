@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_app.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy.accounting.checks import (
     Segment,
     _check_config,

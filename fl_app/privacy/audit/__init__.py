@@ -66,7 +66,7 @@ statistics, Andrew et al. §4), ``gaussian_pair`` (ε of a pair of Gaussians), `
 bootstrap), ``lower_bound`` (Steinke et al.), ``checks`` (their argument checks); every name is imported from here.
 """
 
-from fl_app.choices import GUESS_RULES
+from fl_app.core.choices import GUESS_RULES
 from fl_app.privacy.audit.canaries import (
     AUDIT_STREAM,
     SPARSE_CANARY_KEY,

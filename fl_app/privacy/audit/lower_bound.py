@@ -2,7 +2,7 @@
 NeurIPS 2023 (arXiv 2305.08846).
 
 m canaries, each included independently with probability 1/2; the auditor guesses "included" on the k₊ highest
-scores and "excluded" on the k₋ lowest (:data:`~fl_app.choices.GUESS_RULES`: ``two_sided``, or ``one_sided``
+scores and "excluded" on the k₋ lowest (:data:`~fl_app.core.choices.GUESS_RULES`: ``two_sided``, or ``one_sided``
 with k₋ = 0) and abstains on the rest; the p-value of v right guesses out of r is the approximate-DP theorem's,
 computed exactly as in the paper's Appendix D code (:func:`one_run_p_value`). Each guess count tried is tested
 at significance (1 − confidence)/n (Bonferroni) and the largest certified ε is reported
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fl_app.choices import GUESS_RULES, GuessRule
+from fl_app.core.choices import GUESS_RULES, GuessRule
 from fl_app.privacy.audit.checks import _check_confidence, _non_negative_int
 
 # SciPy's special functions, root finder and binomial are imported where they are called: scipy.stats alone costs

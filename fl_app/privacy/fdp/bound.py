@@ -9,7 +9,7 @@ import numbers
 from dataclasses import dataclass
 from typing import Literal
 
-from fl_app.choices import NOISY_SCHEDULES, NoisySchedule
+from fl_app.core.choices import NOISY_SCHEDULES, NoisySchedule
 from fl_app.privacy.fdp.checks import _count
 from fl_app.privacy.fdp.conversions import gdp_to_epsilon
 from fl_app.privacy.fdp.theorems import gdp_mu_noisy_fedavg, gdp_mu_noisy_fedprox

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fl_app.choices import NOISY_SCHEDULES
+from fl_app.core.choices import NOISY_SCHEDULES
 from fl_app.privacy.fdp.bound import ALGORITHMS, noisy_bound
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from fl_app.choices import NOISY_SCHEDULES, NoisySchedule
+from fl_app.core.choices import NOISY_SCHEDULES, NoisySchedule
 from fl_app.privacy.fdp.checks import _at_least_one, _count, _positive
 from fl_app.privacy.fdp.constants import continuous_constant_z, cyclic_constant_c
 

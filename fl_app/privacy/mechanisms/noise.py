@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fl_app.choices import Placement
+from fl_app.core.choices import Placement
 from fl_app.privacy.mechanisms.norms import NDArrays
 from fl_app.privacy.mechanisms.randomness import NormalSource
 

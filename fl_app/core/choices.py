@@ -66,3 +66,11 @@ COHORT_ENGINES: tuple[str, ...] = ("auto", *get_args(CohortEngine))
 #: ``population``: clients as data partitions on any node (``virtual``), or one client per SuperNode (``nodes``).
 PopulationMode = Literal["virtual", "nodes"]
 POPULATIONS: tuple[str, ...] = get_args(PopulationMode)
+
+#: ``server_optimizer.name``: the server's step along the released average (fl_app/server_optimizers.py).
+ServerOptimizerName = Literal["sgd", "momentum", "adagrad", "adam", "yogi"]
+SERVER_OPTIMIZERS: tuple[str, ...] = get_args(ServerOptimizerName)
+
+#: ``model.name``: the model builders of fl_app/models.py (its ``MODELS`` registry has exactly these keys).
+ModelName = Literal["cnn", "resnet18"]
+MODEL_NAMES: tuple[str, ...] = get_args(ModelName)
