@@ -239,7 +239,7 @@ class GDPLedger(PrivacyLedger):
     def compose(self, event: Any, count: int = 1) -> None:
         if not isinstance(event, GDPEvent):
             raise TypeError(f"the GDP ledger accounts GDPEvent releases (seed 004's bound), not {event!r}")
-        self.step(0.0, 0.0, count)
+        self.accountant.compose(event, count)
 
     def epsilon_at(self, delta: float) -> float:
         return self.accountant.get_epsilon(delta)

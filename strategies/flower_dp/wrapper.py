@@ -32,7 +32,6 @@ metrics are, as Flower's wrapper says of its own, not covered.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -419,11 +418,10 @@ class ClientLevelDP(Strategy):
                 return None, "shape"
             if not (np.issubdtype(trained.dtype, np.floating) or np.issubdtype(trained.dtype, np.integer)):
                 return None, "malformed"
-            delta = trained.astype(np.float64) - weights
-            if not np.isfinite(delta).all():
-                return None, "nonfinite"
-            update.append(delta)
-        if not math.isfinite(mech.global_l2_norm(update)):  # finite entries whose norm overflows
+            with np.errstate(over="ignore", invalid="ignore"):  # inf − inf and overflows are screened just below
+                update.append(trained.astype(np.float64) - weights)
+        # The screening every reply gets (NaN/Inf anywhere, or finite entries whose norm overflows).
+        if mech.measure_update(update, [w.shape for w in planned.global_weights])[0] is not None:
             return None, "nonfinite"
         clipped, _norm = mech.clip_update(update, self.clip_norm)
         return clipped, ""

@@ -13,7 +13,6 @@ and ``max_epsilon`` enter the numbers.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -26,6 +25,7 @@ from flwr.supercore.privacy_accounting import (
 )
 
 from fl_app.privacy.accountants.events import GDPEvent
+from fl_app.privacy.accountants.interface import epsilon_limit
 from fl_app.privacy.fdp import GDPBound, gdp_to_delta, gdp_to_epsilon
 
 __all__ = ["GDPAccountant", "gdp_privacy_config"]
@@ -104,12 +104,7 @@ class GDPAccountant(PrivacyAccountant):
     def would_exceed(  # type: ignore[override]
         self, event: GDPEvent, max_epsilon: float | None = None, count: int = 1
     ) -> bool:
-        limit = self._config.max_epsilon if max_epsilon is None else max_epsilon
-        if limit is None:
-            raise ValueError("max_epsilon must be supplied either in PrivacyConfig or to would_exceed()")
-        if isinstance(limit, bool) or not (limit > 0 and math.isfinite(limit)):
-            raise ValueError(f"max_epsilon must be positive and finite, got {limit!r}")
-        return self.epsilon_after(event, count) > limit
+        return self.epsilon_after(event, count) > epsilon_limit(self._config, max_epsilon)
 
     def state_dict(self) -> dict[str, object]:
         return {"gdp_rounds": self._releases}

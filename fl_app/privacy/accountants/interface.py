@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Protocol, runtime_checkable
 
 from flwr.supercore.privacy_accounting import (
@@ -104,6 +105,16 @@ def _merged_compositions(state: dict[str, object]) -> dict[str, object]:
         else:
             merged.append(dict(entry) if isinstance(entry, dict) else entry)
     return {**state, "compositions": merged}
+
+
+def epsilon_limit(config: PrivacyConfig, max_epsilon: float | None) -> float:
+    """The ε limit ``would_exceed`` compares against: ``max_epsilon``, else the config's (Flower's contract)."""
+    limit = config.max_epsilon if max_epsilon is None else max_epsilon
+    if limit is None:
+        raise ValueError("max_epsilon must be supplied either in PrivacyConfig or to would_exceed()")
+    if isinstance(limit, bool) or not (limit > 0 and math.isfinite(limit)):
+        raise ValueError(f"max_epsilon must be positive and finite, got {limit!r}")
+    return float(limit)
 
 
 def epsilon_after(accountant: PrivacyAccountant, event: Any, count: int = 1, delta: float | None = None) -> float:

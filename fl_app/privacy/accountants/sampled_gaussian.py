@@ -24,7 +24,6 @@ so checkpoints written before this class load, and today's code loads this class
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -38,7 +37,7 @@ from flwr.supercore.privacy_accounting import (
 from fl_app.core.choices import AccountantName, Sampling
 from fl_app.privacy import accounting
 from fl_app.privacy.accountants.events import SampledGaussianEvent, as_sampled_gaussian
-from fl_app.privacy.accountants.interface import run_sampling
+from fl_app.privacy.accountants.interface import epsilon_limit, run_sampling
 
 __all__ = ["SampledGaussianAccountant"]
 
@@ -131,12 +130,7 @@ class SampledGaussianAccountant(PrivacyAccountant):
     ) -> bool:
         """Whether ε(target δ) after ``count`` more ``event`` would exceed ``max_epsilon`` (else the config's); the
         accountant is not changed."""
-        limit = self._config.max_epsilon if max_epsilon is None else max_epsilon
-        if limit is None:
-            raise ValueError("max_epsilon must be supplied either in PrivacyConfig or to would_exceed()")
-        if isinstance(limit, bool) or not (limit > 0 and math.isfinite(limit)):
-            raise ValueError(f"max_epsilon must be positive and finite, got {limit!r}")
-        return self.epsilon_after(event, count) > limit
+        return self.epsilon_after(event, count) > epsilon_limit(self._config, max_epsilon)
 
     def state_dict(self) -> dict[str, object]:
         """JSON-serialisable: ``fl_app.privacy.accounting.PrivacyAccountant.state_dict()`` and ``config``."""
