@@ -321,12 +321,13 @@ def test_calibration_inverts_the_bound(coefs: np.ndarray) -> None:
 # Optimisers and losses
 # ------------------------------------------------------------------------------------------------------------
 
-# Pinned losses (sens² × mean squared prefix-sum error), computed with this module on 2025-xx and cross-checked
-# against jax-privacy 2.0.0 where it has the same optimiser (BLT: buffered_toeplitz.optimize(error='mean') reaches
-# 7.230754806568409 and 63.838500269672956, see the JSON). At these settings the optimal BLT collapses to one
-# effective buffer (jax-privacy's optimiser also returns a 1-buffer BLT), and the optimal banded C with bands = b
-# beats it by 5 % (n=20) and 12 % (n=64, b=8): positive BLT coefficients pay cross terms between participations,
-# orthogonal banded columns do not.
+# Pinned losses (sens² × mean squared prefix-sum error), computed with this module: loss() of optimize_blt(n, b, k),
+# of optimize_banded(n, b, b, k), of [1.0] and of sqrt_prefix_coefficients(n). The identity's is k·(n + 1)/2 by hand
+# (k capped at ⌈n/b⌉). The BLT values equal jax-privacy 2.0.0's buffered_toeplitz.optimize(error='mean') optimum
+# (7.230754806568409 and 63.838500269672956 in the JSON). At these settings the optimal BLT collapses to one effective
+# buffer (jax-privacy's optimiser also returns a 1-buffer BLT), and the optimal banded C with bands = b beats it by
+# 5 % (n=20) and 12 % (n=64, b=8): positive BLT coefficients pay cross terms between participations, the orthogonal
+# columns of a banded C do not.
 PINNED = {
     # (n, b, k): (BLT, banded with bands = b, identity, sqrt of prefix sums)
     (20, 10, 2): (7.230754806568412, 6.866593217626617, 21.0, 8.492087282154998),

@@ -166,7 +166,8 @@ def min_separation_sensitivity_squared(
     """
     n, b, k = _check_participation(n, min_separation, max_participations)
     c = _pad(_as_coefs(coefs), n)
-    if c[0] > 0 and np.all(c >= 0) and np.all(np.diff(c) <= 0):
+    # Non-increasing up to rounding (1e-15·c_0), so that BLTs with a decay within float64 of 1 are accepted.
+    if c[0] > 0 and np.all(c >= 0) and np.all(np.diff(c) <= 1e-15 * c[0]):
         return _minsep_sens_sq_monotone(c, b, k)
     nonzero = np.flatnonzero(c)
     bands = int(nonzero[-1]) + 1
