@@ -32,6 +32,8 @@ STREAM_STATISTICS = 5
 STREAM_ADAPTIVE_CLIP = 6
 #: The canaries' participation (the audit's clients, drawn by the real clients' sampler: strategies/auditing.py).
 STREAM_CANARY_SAMPLING = 7
+#: DP-FTRL's cyclic groups (strategies/dp_ftrl.py): keyed by the run's participation key, not the round.
+STREAM_PARTICIPATION_GROUPS = 8
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 Run with the separate venv that has jax-privacy (jax is not a dependency of this project):
 
+    python3 -m venv /tmp/jaxp && /tmp/jaxp/bin/pip install jax-privacy==2.0.0
     /tmp/jaxp/bin/python scripts/jax_privacy_reference.py > tests/privacy/data/jax_privacy_reference.json
 
 Conventions checked (see the test file): ``BufferedToeplitz(buf_decay, output_scale)`` represents C, the strategy

@@ -12,6 +12,7 @@ from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam import DPFedSAM
 from strategies.dp_fedsam_topk import DPFedSAMTopK
+from strategies.dp_ftrl import DPFTRLFedAvg, DPFTRLFedSAM
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
 from strategies.fedavg import FedAvg, FedSAM
 from strategies.flower_dp import UNIT_WEIGHT, ClientLevelDP
@@ -20,6 +21,8 @@ from strategies.noisy import NoisyFedAvg, NoisyFedProx
 __all__ = [
     "UNIT_WEIGHT",
     "ClientLevelDP",
+    "DPFTRLFedAvg",
+    "DPFTRLFedSAM",
     "DPFedAvg",
     "DPFedAvgBLUR",
     "DPFedAvgBLURS",

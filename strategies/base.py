@@ -49,7 +49,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
-from fl_app.core.choices import LocalOptimizer
+from fl_app.core.choices import AMPLIFIED_SAMPLINGS, LocalOptimizer
 from fl_app.instructions import (
     STREAM_SAMPLING,
     LocalTrainingConfig,
@@ -106,6 +106,10 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
     audit_refusal: ClassVar[str | None] = None
     #: Why the strategy cannot clip adaptively (``privacy.clipping=adaptive``), or None if it can.
     adaptive_clipping_refusal: ClassVar[str | None] = None
+    #: Why the strategy's noise cannot be added by the clients (``privacy.placement=client``), or None if it can.
+    client_placement_refusal: ClassVar[str | None] = None
+    #: The samplers its accounting admits (``privacy.sampling``; ``auto`` = the first): fl_app/config checks it.
+    samplings: ClassVar[tuple[str, ...]] = AMPLIFIED_SAMPLINGS
 
     #: The strategy's config in conf/strategy/ (what keyword construction composes).
     config_name: ClassVar[str] = ""
@@ -178,7 +182,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, self.private)
         if self.private:
             self.ledger = self.make_ledger()
-            self.noise_multiplier = update_noise_multiplier(config, self.statistics, self.clipping)
+            self.noise_multiplier = self.calibrated_noise_multiplier()
         #: Where the round's noise is added (strategies/placement.py).
         self.placement: Placement = placement(privacy.placement)
         opt = config.server_optimizer
@@ -306,13 +310,18 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         """The server's noise draws of a round: strategies/randomness.py."""
         return self.randomness.noise_rng(server_round, purpose)
 
-    def sample(self, population: int, rng: mech.RandomSource) -> np.ndarray:
-        """The round's sampler (SPEC §1), for the real clients and the audit's canaries alike."""
+    def calibrated_noise_multiplier(self) -> float:
+        """σ of the update (strategies/noise.py): ``privacy.noise_multiplier``, or calibrated to the target ε by the
+        sampled Gaussian accountant, less a noisy count's share."""
+        return update_noise_multiplier(self.config, self.statistics, self.clipping)
+
+    def sample(self, population: int, server_round: int, rng: mech.RandomSource) -> np.ndarray:
+        """Round ``server_round``'s sampler (SPEC §1), for the real clients and the audit's canaries alike."""
         return self.randomness.sample(population, rng)
 
     def sample_clients(self, server_round: int) -> np.ndarray:
         # Secret when randomness is secure: amplification by subsampling assumes nobody can tell who took part.
-        return self.sample(self.num_clients, self.round_rng(server_round, STREAM_SAMPLING))
+        return self.sample(self.num_clients, server_round, self.round_rng(server_round, STREAM_SAMPLING))
 
     # ----- Flower Strategy interface ----------------------------------------------------------------------------
 
@@ -422,6 +431,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             self.auditor.round_released(server_round, in_flight.plan.global_weights, outcome.new_weights)
         if self.private:
             self.releases.record(self.release(server_round, outcome.new_weights))
+        self.round_released(in_flight.plan)
         if not in_flight.repeat:
             self.account_round()
             self.rounds_released += int(self.private)
@@ -429,6 +439,11 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             self.on_accounted(self)
         outcome.published = self.published_statistics(server_round, outcome.stats)
         self.last_outcome = outcome
+
+    def round_released(self, plan: RoundPlan) -> None:
+        """Called once the round ``plan`` is released and logged, before it is accounted and checkpointed (and for a
+        seeded repeat of a logged round too): what a strategy records of who took part (DP-FTRL's participation
+        record)."""
 
     # ----- cohort mode (issue 12) ---------------------------------------------------------------------------
 

@@ -217,7 +217,7 @@ class Guarantee:
                 p.clip_norm,
                 self.noise_multiplier,
                 p.placement,
-                p.accountant,
+                self.ledger.claim()["accountant"] if self.ledger is not None else p.accountant,
                 p.delta,
                 self.noise_source,
             )

@@ -85,6 +85,14 @@ class Population:
             raise PopulationError(f"no node holds partition(s) {missing[:10]}{'...' if len(missing) > 10 else ''}")
         return mapping
 
+    def available_clients(self, grid: Grid) -> list[int]:
+        """The clients that can train now: in ``nodes`` mode those whose SuperNode is connected (a device that
+        checked in), else every partition (any node trains any of them)."""
+        if self.mode != "nodes":
+            return list(range(self.num_clients))
+        connected = set(grid.get_node_ids())
+        return sorted(pid for pid, node in self._node_of_partition.items() if node in connected)
+
     @property
     def num_nodes(self) -> int:
         """SuperNodes found by :meth:`connect` (in simulation: the workers that train concurrently)."""

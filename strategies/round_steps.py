@@ -91,7 +91,8 @@ class AggregationSteps:
         statistics)."""
         if self.auditor is None:
             return []
-        joined = self.sample(self.auditor.canaries.count, self.round_rng(plan.server_round, STREAM_CANARY_SAMPLING))
+        rng = self.round_rng(plan.server_round, STREAM_CANARY_SAMPLING)
+        joined = self.sample(self.auditor.canaries.count, plan.server_round, rng)
         sent = self.auditor.updates(plan, joined, self.clip_norm, self.secure_noise, self.num_clients)
         return [(index, self.admit(plan, update)[0]) for index, update in sent]
 

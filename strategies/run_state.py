@@ -66,6 +66,9 @@ class RunState:
         mechanisms = [mechanism.state_dict() for mechanism in self.mechanisms]
         if any(mechanisms):  # only stateful pipelines add the key (checkpoints of stateless ones are unchanged)
             state["mechanisms"] = mechanisms
+        for index, mechanism in enumerate(self.mechanisms):
+            if mechanism_arrays := mechanism.state_arrays():
+                arrays[f"mechanism_{index}"] = list(mechanism_arrays)
         return state, arrays
 
     def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
@@ -81,5 +84,6 @@ class RunState:
             raise ValueError(
                 f"checkpoint holds the state of {len(stored)} mechanisms, the pipeline has {len(self.mechanisms)}"
             )
-        for mechanism, mechanism_state in zip(self.mechanisms, stored, strict=True):
+        for index, (mechanism, mechanism_state) in enumerate(zip(self.mechanisms, stored, strict=True)):
             mechanism.load_state_dict(mechanism_state)
+            mechanism.load_state_arrays(list(arrays.get(f"mechanism_{index}", [])))

@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fl_app.config.audit import AuditConfig, _validate_audit
 from fl_app.config.faults import FaultInjectionConfig, _validate_faults
-from fl_app.config.privacy import PrivacyConfig, _check_adaptive_support, _validate_privacy
+from fl_app.config.privacy import PrivacyConfig, _check_adaptive_support, _check_placement_support, _validate_privacy
 from fl_app.config.readers import ConfigError, _choice, _finite, _require
 from fl_app.config.server_optimizer import ServerOptimizerConfig, _validate_server_optimizer
 from fl_app.config.simulation import SimulationConfig, _validate_simulation
@@ -27,7 +27,7 @@ from fl_app.config.training import (
     _validate_dataset,
     _validate_model,
 )
-from fl_app.core.choices import POPULATIONS, PopulationMode
+from fl_app.core.choices import AMPLIFIED_SAMPLINGS, POPULATIONS, PopulationMode
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,15 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
                  "1 or 'auto' with population=nodes (one client per SuperNode)")  # fmt: skip
     strategy = _validate_strategy(raw["strategy"])
     strategy_class = _strategy_class(raw["strategy"])
-    privacy = _validate_privacy(raw["privacy"], dataset.num_clients)
+    privacy = _validate_privacy(
+        raw["privacy"],
+        dataset.num_clients,
+        _top_int(raw, "num_rounds", 1),
+        getattr(strategy_class, "samplings", AMPLIFIED_SAMPLINGS),
+        strategy.name,
+    )
     _check_adaptive_support(privacy, strategy_class)
+    _check_placement_support(privacy, strategy_class)
     return AppConfig(
         seed=_top_int(raw, "seed", 0),
         num_rounds=_top_int(raw, "num_rounds", 1),

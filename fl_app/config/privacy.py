@@ -12,6 +12,7 @@ from typing import Any, Literal
 from fl_app.config.readers import _boolean, _choice, _fail, _finite, _known_keys, _number, _require
 from fl_app.core.choices import (
     ACCOUNTANTS,
+    AMPLIFIED_SAMPLINGS,
     CLIENT_STATISTICS,
     CLIPPINGS,
     NOISE_STREAMS,
@@ -58,9 +59,22 @@ class PrivacyConfig:
     #: Seeded noise: shared by every run of the seed, or keyed by the run's config (:data:`NOISE_STREAMS`,
     #: :func:`noise_stream_key`; docs/PRIVACY.md). Secure randomness never shares noise.
     noise_stream: NoiseStream = "shared"
+    #: b of the participation rule (sampling=cyclic|available): any two rounds of one client at least b apart;
+    #: None with the amplified samplers. Resolved: ``min_separation`` null = 1/q.
+    min_separation: int | None = None
+    #: k of the participation rule: at most k rounds per client; None = ⌈T/b⌉ (what b alone allows).
+    max_participations: int | None = None
 
 
-def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyConfig:
+def _validate_privacy(
+    section: Mapping[str, Any],
+    num_clients: int,
+    num_rounds: int = 1,
+    samplings: tuple[str, ...] = AMPLIFIED_SAMPLINGS,
+    strategy: str = "",
+) -> PrivacyConfig:
+    """The ``privacy`` section for a run of ``num_rounds`` rounds over ``num_clients`` clients, under a strategy
+    (named ``strategy``) whose accounting admits the samplers ``samplings`` (``auto`` = the first of them)."""
     _known_keys(section, PrivacyConfig, "privacy")
     p = "privacy"
     clip_norm = _number(section, "clip_norm", p)
@@ -69,7 +83,15 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
     _require(sigma >= 0, "privacy.noise_multiplier", sigma, "sigma >= 0")
     q = _number(section, "sample_rate", p)
     _require(0 < q <= 1, "privacy.sample_rate", q, "q in (0, 1]")
-    sampling = _choice(section, "sampling", p, SAMPLINGS)
+    sampling = _choice(section, "sampling", p, ("auto", *SAMPLINGS))
+    if sampling == "auto":
+        sampling = samplings[0]
+    # The accountant must be the one for the sampler that runs: a run whose sampler and accounting disagree does
+    # not start (the sampled Gaussian accountants amplify; DP-FTRL's rests on the enforced participation rule).
+    _require(sampling in samplings, "privacy.sampling", sampling,
+             f"{' | '.join(samplings)} (or auto) with strategy {strategy or '?'}: its accounting assumes one of "
+             "these samplers")  # fmt: skip
+    rule = _participation_rule(section, sampling, q, num_clients, num_rounds)
     if sampling == "fixed":
         m = q * num_clients
         _require(
@@ -122,7 +144,41 @@ def _validate_privacy(section: Mapping[str, Any], num_clients: int) -> PrivacyCo
         statistics_noise_multiplier=_statistics_sigma(section),
         **_adaptive_clipping(section),
         noise_stream=_noise_stream(section),
+        **rule,
     )
+
+
+def _participation_rule(
+    section: Mapping[str, Any], sampling: str, q: float, num_clients: int, num_rounds: int
+) -> dict[str, int | None]:
+    """b and k of the participation rule (fl_app/privacy/mechanisms/participation.py) for the enforced samplers;
+    none for the amplified ones."""
+    separation, participations = section.get("min_separation"), section.get("max_participations")
+    if sampling in AMPLIFIED_SAMPLINGS:
+        for key, value in (("min_separation", separation), ("max_participations", participations)):
+            _require(value is None, f"privacy.{key}", value,
+                     "null with sampling=poisson|fixed (a participation rule is for "
+                     "sampling=cyclic|available)")  # fmt: skip
+        return {"min_separation": None, "max_participations": None}
+    if separation is None:
+        separation = round(1.0 / q)
+    _require(isinstance(separation, int) and not isinstance(separation, bool) and separation >= 1,
+             "privacy.min_separation", separation, "an integer b >= 1 or null for 1/q")  # fmt: skip
+    if sampling == "cyclic":
+        # b groups taken in turn: each client once every b rounds, m = M/b of them a round.
+        _require(abs(q * separation - 1.0) < 1e-9, "privacy.sample_rate", q,
+                 f"1/min_separation = {1.0 / separation:.6g} with sampling=cyclic (b = {separation} groups taken in "
+                 "turn, each a fraction 1/b of the clients)")  # fmt: skip
+        _require(separation <= num_clients, "privacy.min_separation", separation,
+                 f"at most dataset.num_clients ({num_clients}) groups with sampling=cyclic")  # fmt: skip
+    allowed = -(-num_rounds // separation)
+    if participations is None:
+        participations = allowed
+    _require(isinstance(participations, int) and not isinstance(participations, bool) and participations >= 1,
+             "privacy.max_participations", participations, "an integer k >= 1 or null for ceil(T/b)")  # fmt: skip
+    _require(sampling != "cyclic" or participations >= allowed, "privacy.max_participations", participations,
+             f">= ceil(T/b) = {allowed} with sampling=cyclic (every client is taken every b rounds)")  # fmt: skip
+    return {"min_separation": separation, "max_participations": min(participations, allowed)}
 
 
 def _adaptive_clipping(section: Mapping[str, Any]) -> dict[str, Any]:
@@ -153,6 +209,12 @@ def _check_adaptive_support(privacy: PrivacyConfig, strategy: type) -> None:
     refusal = getattr(strategy, "adaptive_clipping_refusal", None)
     if privacy.clipping == "adaptive" and refusal is not None:
         raise _fail("privacy.clipping", "adaptive", f"fixed with this strategy: {refusal}")
+
+
+def _check_placement_support(privacy: PrivacyConfig, strategy: type) -> None:
+    refusal = getattr(strategy, "client_placement_refusal", None)
+    if privacy.placement == "client" and refusal is not None:
+        raise _fail("privacy.placement", "client", f"server with this strategy: {refusal}")
 
 
 def _statistics_sigma(section: Mapping[str, Any]) -> float | None:

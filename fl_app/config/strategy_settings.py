@@ -117,6 +117,8 @@ def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
             values[f.name] = _integer(section, f.name, p, 1)
         elif isinstance(default, float):
             values[f.name] = _number(section, f.name, p)
+        elif default is None:  # an optional setting (null = derived); the settings class's check() validates it
+            values[f.name] = section.get(f.name)
         else:
             value = section.get(f.name)
             _require(isinstance(value, str), f"strategy.{f.name}", value, "a string")

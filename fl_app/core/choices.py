@@ -7,9 +7,24 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-#: ``privacy.sampling``: Poisson(q) or fixed-size m = qM without replacement (SPEC §1).
-Sampling = Literal["poisson", "fixed"]
-SAMPLINGS: tuple[str, ...] = get_args(Sampling)
+#: ``privacy.sampling``: Poisson(q) or fixed-size m = qM without replacement (SPEC §1), which the sampled Gaussian
+#: accountants amplify; or a participation schema the server enforces (DP-FTRL, no amplification assumed:
+#: fl_app/privacy/mechanisms/participation.py): ``cyclic`` groups (each client every b rounds) or ``available``
+#: (up to m of the clients available now that the rule still allows). ``auto`` (the config's default) is the first
+#: sampler the strategy's accounting admits.
+#: The samplers the sampled Gaussian accountants amplify, and those whose participation rule the server enforces.
+AmplifiedSampling = Literal["poisson", "fixed"]
+ParticipationSampling = Literal["cyclic", "available"]
+Sampling = Literal[AmplifiedSampling, ParticipationSampling]
+SAMPLINGS: tuple[str, ...] = get_args(AmplifiedSampling) + get_args(ParticipationSampling)
+AMPLIFIED_SAMPLINGS: tuple[str, ...] = get_args(AmplifiedSampling)
+PARTICIPATION_SAMPLINGS: tuple[str, ...] = get_args(ParticipationSampling)
+
+#: ``strategy.factorization`` of DP-FTRL (fl_app/privacy/correlated_noise.py): BLT (buffered linear Toeplitz),
+#: banded Toeplitz (BandMF's band structure), or the identity (independent noise every round: DP-FedAvg without
+#: amplification).
+FactorizationName = Literal["blt", "banded", "identity"]
+FACTORIZATIONS: tuple[str, ...] = get_args(FactorizationName)
 
 #: ``privacy.accountant``: Opacus RDP, Opacus PRV, dp_accounting PLD (fl_app/privacy/accounting.py): the methods that
 #: compose the sampled Gaussian mechanism (fl_app/privacy/accountants/sampled_gaussian.py).

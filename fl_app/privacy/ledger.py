@@ -27,7 +27,7 @@ from typing import Any
 from flwr.supercore.privacy_accounting import PrivacyAccountant, SamplingMethod
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from fl_app.core.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, AmplifiedSampling
 from fl_app.privacy.accountants import (
     FlowerAccountant,
     GDPAccountant,
@@ -108,11 +108,11 @@ class SampledGaussianLedger(PrivacyLedger):
         self,
         delta: float,
         accountant: AccountantName | PrivacyAccountant,
-        sampling: Sampling,
+        sampling: AmplifiedSampling,
         population: int | None,
     ) -> None:
         super().__init__(delta)
-        self.sampling: Sampling = sampling
+        self.sampling: AmplifiedSampling = sampling
         if isinstance(accountant, str):
             self.accountant: PrivacyAccountant = SampledGaussianAccountant(
                 privacy_config(delta, sampling, population), accountant
@@ -214,10 +214,13 @@ class GDPLedger(PrivacyLedger):
         bound: Callable[[int], GDPBound],
         describe_source: Callable[[], str],
         population: int | None = None,
+        label: str = "gdp (seed 004)",
     ) -> None:
         super().__init__(delta)
         self.bound = bound
         self.describe_source = describe_source
+        #: run.json's ``accountant``: where the bound comes from.
+        self.label = label
         first = bound(1)  # parameters the theorem does not admit (e.g. alpha <= L) fail here, before any round
         if population is None:
             population = max(1, round(first.parameters.get("m", 1)))
@@ -263,7 +266,7 @@ class GDPLedger(PrivacyLedger):
         bound, epsilon = self.bound(self.rounds), self.epsilon()
         return {
             "statement": f"({epsilon:.4g}, {self.delta:.3g})-DP from {self.mu:.4g}-GDP ({self.describe_source()})",
-            "accountant": "gdp (seed 004)",
+            "accountant": self.label,
             "gdp_mu": self.mu,
             "epsilon": epsilon,
             "delta": self.delta,

@@ -17,6 +17,8 @@ SPEC §2, §5; SPEC_BASELINES.md):
 * ``lus`` — BLUR + LUS: :class:`LocalTopK` → :class:`Clip` → :class:`GaussianNoise` (dense noise).
 * ``noisy_model`` — Noisy-FedAvg / Noisy-FedProx: :class:`AbsoluteNoise` (no update clip; the server takes the
   plain mean).
+* ``clip`` — DP-FTRL: :class:`Clip` only; the server's correlated noise
+  (:class:`fl_app.privacy.correlated_noise.CorrelatedNoise`) follows as a server-only mechanism.
 
 Where the Gaussian noise goes (``privacy.placement``) is the server's :class:`~strategies.placement.Placement`: it
 sets the clients' share (:attr:`ClientStep.noise_std`, None in server placement) and the server's
@@ -111,6 +113,16 @@ class Mechanism:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+    def state_arrays(self) -> NDArrays:
+        """The model-sized part of the state (a correlated-noise mechanism's buffers), stored beside the model in
+        the checkpoint's arrays ([] = none)."""
+        return []
+
+    def load_state_arrays(self, arrays: NDArrays) -> None:
+        """Restore what :meth:`state_arrays` returned (called after :meth:`load_state_dict`)."""
+        if arrays:
+            raise ValueError(f"{type(self).__name__} keeps no arrays, the checkpoint holds {len(arrays)}")
 
 
 @dataclass(frozen=True)
@@ -302,3 +314,4 @@ register_recipe("shared_mask", lambda p: (SharedMask(p.sparsity, p.rescale), Cli
 register_recipe("topk_local", lambda p: (LocalTopK(p.sparsity), Clip(), GaussianNoise(), NoiseOnSupport()))
 register_recipe("lus", lambda p: (LocalTopK(p.sparsity), Clip(), GaussianNoise()))
 register_recipe("noisy_model", lambda p: (AbsoluteNoise(p.noise_std),))
+register_recipe("clip", lambda p: (Clip(),))

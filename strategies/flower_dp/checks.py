@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedPro
 from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fl_app.core.choices import ACCOUNTANTS, SAMPLINGS
+from fl_app.core.choices import ACCOUNTANTS, AMPLIFIED_SAMPLINGS
 
 #: The MetricRecord key the inner strategy must weight by (``FedAvg(weighted_by_key=UNIT_WEIGHT)``): the wrapper
 #: sets it to 1 in every reply it forwards, so the inner strategy's weighted mean is the unweighted one.
@@ -120,8 +120,8 @@ def _check_arguments(
         )
     if not real(delta) or not 0.0 < delta < 1.0:  # type: ignore[operator]
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    if sampling not in AMPLIFIED_SAMPLINGS:
+        raise ValueError(f"sampling must be one of {AMPLIFIED_SAMPLINGS}, got {sampling!r}")
     if accountant not in ACCOUNTANTS:
         raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
     if sampling == "fixed":

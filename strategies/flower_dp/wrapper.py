@@ -46,7 +46,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
-from fl_app.core.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, AmplifiedSampling
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import Release, ReleaseLog, model_digest
@@ -120,7 +120,7 @@ class ClientLevelDP(Strategy):
         clip_norm: float,
         noise_multiplier: float,
         delta: float,
-        sampling: Sampling = "poisson",
+        sampling: AmplifiedSampling = "poisson",
         accountant: AccountantName = "rdp",
         max_epsilon: float | None = None,
         secure: bool = True,
@@ -137,7 +137,7 @@ class ClientLevelDP(Strategy):
         self.clip_norm = float(clip_norm)
         self.noise_multiplier = float(noise_multiplier)
         self.delta = float(delta)
-        self.sampling: Sampling = sampling
+        self.sampling: AmplifiedSampling = sampling
         self.accountant_name: AccountantName = accountant
         self.max_epsilon = None if max_epsilon is None else float(max_epsilon)
         self.secure = bool(secure)

@@ -1,5 +1,7 @@
 """Issue 11 against a real deployment on 127.0.0.1 (`flower-superlink` + one `flower-supernode` per client,
 `population=nodes`): who takes part is secret, and the published files hold no client-derived value by default.
+Issue 33 on the same deployment: DP-FTRL's participation rule is enforced against SuperNodes that ask to train
+every round.
 
 Two `flwr run`s with the same config and seed against the same SuperLink: each SuperNode's log says in which rounds
 it received a train message ("[RUN r, ROUND t]" then "Receiving: train message"), which is the sampling that ran.
@@ -13,14 +15,18 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.mechanisms.participation import ParticipationRecord, ParticipationRule
 from strategies.statistics import CLIENT_DERIVED
-from tests.integration.deploy import deployment, flwr_run
+from tests.integration.deploy import Deployment, deployment, flwr_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -52,19 +58,30 @@ def _participation(log: str) -> tuple[list[str], dict[str, set[int]]]:
     return order, rounds
 
 
-def test_sampling_is_secret_and_nothing_per_client_is_published(short_tmp: Path) -> None:
-    outs = [short_tmp / "run_a", short_tmp / "run_b"]
-    with deployment(short_tmp, NODES, tls=False) as dep:
-        procs = [flwr_run(dep.env, dep.connection, _run_config(out), timeout=400) for out in outs]
-        logs = {name: path.read_text(errors="replace") for name, path in dep.logs.items()}
+@pytest.fixture(scope="module")
+def deployed() -> Iterator[tuple[Deployment, Path]]:
+    """One SuperLink with NODES SuperNodes for this file's runs (each `flwr run` is its own run id)."""
+    with tempfile.TemporaryDirectory(prefix="dpfs", dir="/tmp") as d, deployment(Path(d), NODES, tls=False) as dep:
+        yield dep, Path(d)
+
+
+def _logs(dep: Deployment) -> dict[str, str]:
+    return {name: path.read_text(errors="replace") for name, path in dep.logs.items()}
+
+
+def test_sampling_is_secret_and_nothing_per_client_is_published(deployed: tuple[Deployment, Path]) -> None:
+    dep, tmp = deployed
+    outs = [tmp / "run_a", tmp / "run_b"]
+    procs = [flwr_run(dep.env, dep.connection, _run_config(out), timeout=400) for out in outs]
+    logs = _logs(dep)
     for proc in procs:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + dep.tails()
 
     # Which rounds each node trained in, per run: the sampling that actually ran.
     parsed = [_participation(logs[f"supernode{i}"]) for i in range(NODES)]
-    run_ids = parsed[0][0]  # in the order the runs were started (run_a, then run_b)
+    run_ids = parsed[0][0][-2:]  # in the order the runs were started (run_a, then run_b)
     per_node = [rounds for _, rounds in parsed]
-    assert len(run_ids) == 2 and all(order == run_ids for order, _ in parsed), parsed
+    assert all(order[-2:] == run_ids for order, _ in parsed), parsed
     matrices = [[sorted(node.get(run, set())) for node in per_node] for run in run_ids]
     assert matrices[0] != matrices[1], matrices  # the same config and seed, different samples
 
@@ -89,3 +106,36 @@ def test_sampling_is_secret_and_nothing_per_client_is_published(short_tmp: Path)
         assert not re.search(r"clients \d+/\d+", proc.stdout + proc.stderr)
     for text in [*(p.stdout + p.stderr for p in procs), *logs.values()]:
         assert "pre_clip_norm" not in text and "client_norms" not in text
+
+
+def test_dp_ftrl_refuses_supernodes_that_ask_to_train_too_often(deployed: tuple[Deployment, Path]) -> None:
+    """Every SuperNode is connected, so asks to train, in every round; the rule (b = 2, k = 2 in 4 rounds, at most
+    m = 2 a round) lets each train in every other round only. The node logs, the checkpointed record, the published
+    refusal counts and the epsilon of the factorization (no amplification) agree."""
+    dep, tmp = deployed
+    out = tmp / "ftrl"
+    hydra = (
+        f"strategy=dp_ftrl_fedavg dataset.num_clients={NODES} dataset.max_train_samples=200 "
+        f"dataset.max_test_samples=200 privacy.sampling=available privacy.sample_rate=0.5 "
+        f"privacy.min_separation=2 privacy.noise_multiplier=1.0 round_timeout=120"
+    )
+    config = f"num_rounds=4 eval_every=4 population='nodes' output_dir='{out}' overrides='{hydra}'"
+    proc = flwr_run(dep.env, dep.connection, config, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + dep.tails()
+    parsed = [_participation(text) for name, text in sorted(_logs(dep).items()) if name.startswith("supernode")]
+    run_id = parsed[0][0][-1]
+    trained = [sorted(rounds.get(run_id, set())) for _, rounds in parsed]
+    record = ParticipationRecord(ParticipationRule(2, 2))
+    for server_round in range(1, 5):
+        clients = [node for node, rounds in enumerate(trained) if server_round in rounds]
+        assert len(clients) == 2, trained  # two nodes are always eligible: the round is full
+        record.record(clients, server_round)  # raises if the nodes' logs show a violation of the rule
+    stored = ParticipationRecord(ParticipationRule(2, 2))
+    stored.load_state_dict(load_checkpoint(out).strategy_state["participation"])
+    assert stored == record
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["participation_refused"] for r in records] == [0, 2, 2, 2]
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["participation_rule"] == "each client at most k=2 times, at least b=2 rounds apart"
+    assert meta["sampling"] == "available" and meta["amplification"].startswith("none")
+    assert meta["noise_source"] == "os-csprng" and "rounds apart" in meta["dp_guarantee"]

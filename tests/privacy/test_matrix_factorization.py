@@ -4,6 +4,7 @@ identity; streaming C⁻¹; optimisers) and fl_app/privacy/accounting/matrix_fac
 
 Reference data: tests/privacy/data/jax_privacy_reference.json, produced with jax-privacy 2.0.0 by
 
+    python3 -m venv /tmp/jaxp && /tmp/jaxp/bin/pip install jax-privacy==2.0.0
     /tmp/jaxp/bin/python scripts/jax_privacy_reference.py > tests/privacy/data/jax_privacy_reference.json
 
 Conventions found in jax-privacy 2.0.0 (buffered_toeplitz.py, toeplitz.py): ``BufferedToeplitz(buf_decay,

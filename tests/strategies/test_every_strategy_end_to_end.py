@@ -29,8 +29,8 @@ SMALL = [
 ]
 
 
-def test_there_are_eleven_strategies() -> None:
-    assert len(STRATEGIES) == 11
+def test_there_are_fourteen_strategies() -> None:
+    assert len(STRATEGIES) == 14
 
 
 @pytest.mark.parametrize("name", STRATEGIES)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 
-from fl_app.core.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, AmplifiedSampling
 from fl_app.privacy.accounting.checks import _check_config, _check_delta, _check_segment
 from fl_app.privacy.accounting.composition import _MAX_BISECTIONS, epsilon_from_history
 
@@ -24,7 +24,7 @@ def compute_epsilon(
     steps: int,
     delta: float,
     accountant: AccountantName = "rdp",
-    sampling: Sampling = "poisson",
+    sampling: AmplifiedSampling = "poisson",
     population: int | None = None,
 ) -> float:
     """ε(δ) after ``steps`` rounds of the sampled Gaussian mechanism with noise multiplier σ and rate q.
@@ -47,7 +47,7 @@ def calibrate_noise_multiplier(
     sample_rate: float,
     steps: int,
     accountant: AccountantName = "rdp",
-    sampling: Sampling = "poisson",
+    sampling: AmplifiedSampling = "poisson",
     population: int | None = None,
     rel_tol: float = 0.005,
 ) -> float:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_app.core.choices import AccountantName, Sampling
+from fl_app.core.choices import AccountantName, AmplifiedSampling
 from fl_app.privacy.accounting.checks import (
     Segment,
     _check_config,
@@ -51,7 +51,7 @@ def epsilon_from_history(
     history: Sequence[Segment],
     delta: float,
     accountant: AccountantName = "rdp",
-    sampling: Sampling = "poisson",
+    sampling: AmplifiedSampling = "poisson",
     population: int | None = None,
 ) -> float:
     """ε(δ) after composing every (σ, q, rounds) segment of ``history``, heterogeneous segments included.
@@ -66,7 +66,7 @@ def epsilon_and_order_from_history(
     history: Sequence[Segment],
     delta: float,
     accountant: AccountantName = "rdp",
-    sampling: Sampling = "poisson",
+    sampling: AmplifiedSampling = "poisson",
     population: int | None = None,
 ) -> tuple[float, float | None]:
     """:func:`epsilon_from_history` and, for RDP, the order α at which the conversion to (ε, δ) is tightest
@@ -155,7 +155,7 @@ def delta_from_history(
     history: Sequence[Segment],
     epsilon: float,
     accountant: AccountantName = "rdp",
-    sampling: Sampling = "poisson",
+    sampling: AmplifiedSampling = "poisson",
     population: int | None = None,
 ) -> float:
     """δ(ε) after composing every segment of ``history``: the inverse of :func:`epsilon_from_history`.

@@ -1,0 +1,295 @@
+"""DP-FTRL-FedAvg and DP-FTRL-FedSAM: client-level DP from correlated noise under an enforced participation rule,
+with no amplification by sampling (Kairouz et al. 2021; Xu et al. 2023, arXiv 2305.18465, Gboard; BandMF,
+Choquette-Choo et al. 2023, arXiv 2306.08153; BLT, Dvijotham et al. 2024, arXiv 2404.16706, and McMahan, Xu, Zhang
+2024, arXiv 2408.08868).
+
+The declarations of the strategies over the round skeleton (strategies/base.py):
+
+* **sampling** — ``privacy.sampling=cyclic`` (b groups of a secret-free random order taken in turn: each client
+  every b rounds) or ``available`` (up to m of the clients available now, in deployment the connected SuperNodes'
+  clients); either way the server's :class:`ParticipationRecord` refuses a client that took part fewer than b rounds
+  ago or k times already, and is checkpointed.
+* **clients** clip Δ to C (recipe ``clip``); **the server** adds round t's row of σ·C⁻¹z (in units of C/m) to the
+  fixed-denominator average (:class:`fl_app.privacy.correlated_noise.CorrelatedNoise`), and its optimizer is the
+  workload the factorization was optimised for: ``server_optimizer=sgd`` (prefix sums) or ``momentum`` (β).
+* **accounting** — the GDP ledger over the factorization's bound after T rows: μ = sens_Π(C_T)/σ, ε(δ), ρ = μ²/2
+  (fl_app/privacy/accounting/matrix_factorization.py); ``privacy.target_epsilon`` calibrates σ by it.
+
+Refused, with the reason: client placement (the stream spans rounds no client holds), adaptive clipping and noisy
+client statistics (their counts would need a joint accounting with the factorization that is not done here), the
+adaptive server optimizers (not a linear workload), and a resume that would re-release a round drawn from the CSPRNG
+(the same row twice with fresh noise is outside the factorization).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from logging import INFO, WARNING
+from typing import Any, ClassVar
+
+import numpy as np
+from flwr.app import ArrayRecord
+from flwr.common.logger import log
+from flwr.serverapp import Grid
+
+from fl_app.checkpoint import Checkpoint
+from fl_app.config import ConfigError, StrategyConfig, require
+from fl_app.core.choices import FACTORIZATIONS, PARTICIPATION_SAMPLINGS
+from fl_app.instructions import STREAM_PARTICIPATION_GROUPS, STREAM_SAMPLING, RecipeSpec
+from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.accounting.matrix_factorization import (
+    MatrixFactorizationBound,
+    calibrate_matrix_factorization,
+    matrix_factorization_bound,
+)
+from fl_app.privacy.correlated_noise import CorrelatedNoise, Factorization
+from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
+from fl_app.privacy.mechanisms.participation import (
+    ParticipationRecord,
+    ParticipationRule,
+    available_sample,
+    cyclic_groups,
+    cyclic_sample,
+)
+from fl_app.privacy.pipeline import Mechanism
+from strategies.base import FederatedStrategy
+from strategies.rounds import RoundPlan
+
+
+@dataclass(frozen=True)
+class FTRLConfig(StrategyConfig):
+    """DP-FTRL: the factorization (blt | banded | identity), the BLT's buffers, the banded one's bands (null = b)."""
+
+    factorization: str = "blt"
+    buffers: int = 3
+    bands: int | None = None
+
+    def check(self) -> None:
+        super().check()
+        require(self.factorization in FACTORIZATIONS, "strategy.factorization", self.factorization,
+                " | ".join(FACTORIZATIONS))  # fmt: skip
+        require(isinstance(self.buffers, int) and 1 <= self.buffers <= 8, "strategy.buffers", self.buffers,
+                "an integer in [1, 8]")  # fmt: skip
+        require(self.bands is None or (isinstance(self.bands, int) and self.bands >= 1), "strategy.bands",
+                self.bands, "an integer >= 1 or null for min_separation")  # fmt: skip
+
+
+class DPFTRLFedAvg(FederatedStrategy):
+    config_name = "dp_ftrl_fedavg"
+    settings_class: ClassVar[type[StrategyConfig]] = FTRLConfig
+    private = True
+    local_optimizer = "sgd"
+    samplings = PARTICIPATION_SAMPLINGS
+    supports_noisy_statistics = False
+    adaptive_clipping_refusal = (
+        "DP-FTRL's bound is one Gaussian mechanism of the factorization at one clip norm; adaptive clipping's noisy "
+        "count every round would need a joint accounting with it that is not done here"
+    )
+    client_placement_refusal = (
+        "DP-FTRL's noise is one stream correlated across rounds (C^-1 z); a client takes part in at most k rounds "
+        "and cannot hold it, so the server adds it"
+    )
+
+    # ----- participation ---------------------------------------------------------------------------------------
+
+    @cached_property
+    def rule(self) -> ParticipationRule:
+        """The participation rule the accounting rests on and the server enforces (b, k from ``privacy``)."""
+        p = self.config.privacy
+        assert p.min_separation is not None and p.max_participations is not None
+        return ParticipationRule(p.min_separation, p.max_participations)
+
+    @cached_property
+    def participation(self) -> ParticipationRecord:
+        """Who took part in which round (checkpointed); a client the rule refuses is never sent a message."""
+        return ParticipationRecord(self.rule)
+
+    @cached_property
+    def groups_key(self) -> int:
+        """Keys the cyclic groups: the seed, or a CSPRNG draw under secure randomness (checkpointed). The privacy
+        does not need the groups secret (the bound is the worst case over every pattern the rule allows)."""
+        return self.randomness.secret_key()
+
+    def groups(self, population: int) -> np.ndarray:
+        """Each of ``population`` clients' cyclic group (b groups, sizes within one)."""
+        rng = mech.make_rng(int(self.groups_key), 0, STREAM_PARTICIPATION_GROUPS, population)
+        return cyclic_groups(population, self.rule.min_separation, rng)
+
+    def prepare_run(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float | None = None) -> None:
+        self._grid = grid  # the deployment sampler asks it which SuperNodes are connected
+        super().prepare_run(grid, initial_arrays, timeout)
+
+    def sample(self, population: int, server_round: int, rng: mech.RandomSource) -> np.ndarray:
+        # The canaries follow the cyclic groups of their own population: every b rounds, within the rule.
+        return cyclic_sample(self.groups(population), server_round)
+
+    def sample_clients(self, server_round: int) -> np.ndarray:
+        """The round's clients under the rule: a cyclic group, or up to m of the available clients; any the record
+        refuses are dropped (and counted) before a message is sent."""
+        refused: dict[int, str] = {}
+        if self.config.privacy.sampling == "cyclic":
+            candidates = [int(c) for c in cyclic_sample(self.groups(self.num_clients), server_round)]
+        else:
+            # Every available client asks to train; the rule refuses those that took part too recently or too often.
+            grid = getattr(self, "_grid", None)
+            available = self.population.available_clients(grid) if grid is not None else range(self.num_clients)
+            rng = self.round_rng(server_round, STREAM_SAMPLING)
+            chosen, refused = available_sample(list(available), self.participation, server_round,
+                                               round(self.expected_clients), rng)  # fmt: skip
+            candidates = [int(c) for c in chosen]
+        eligible, also_refused = self.participation.split(candidates, server_round)
+        refused.update(also_refused)
+        #: Clients the participation rule refused this round (published: a function of the record, not of data).
+        self.refused_last_round = len(refused)
+        for client, reason in list(refused.items())[:5]:
+            log(WARNING, "Round %d: client %d refused by the participation rule: %s", server_round, client, reason)
+        return np.asarray(sorted(eligible), dtype=np.int64)
+
+    def round_released(self, plan: RoundPlan) -> None:
+        # Every client sent a message took part (whether or not it answered); a seeded repeat of a round recorded
+        # before is not recorded twice.
+        clients = sorted({pid for _, ids in plan.sent for pid in ids})
+        new = [pid for pid in clients if plan.server_round not in self.participation.rounds_of(pid)]
+        if new:
+            self.participation.record(new, plan.server_round)
+
+    # ----- the factorization and its accounting ----------------------------------------------------------------
+
+    @cached_property
+    def workload_momentum(self) -> float:
+        """β of the workload the server optimizer applies: 0 for SGD (prefix sums), β for heavy-ball momentum."""
+        opt = self.config.server_optimizer
+        if opt.name == "sgd":
+            return 0.0
+        if opt.name == "momentum":
+            return float(opt.momentum)
+        raise ConfigError(
+            f"invalid config value server_optimizer.name={opt.name}: DP-FTRL needs sgd or momentum (the linear "
+            "workload its factorization is optimised for); adagrad/adam/yogi are not linear in the released noise"
+        )
+
+    @cached_property
+    def factorization(self) -> Factorization:
+        s = self.config.strategy
+        return Factorization.optimized(
+            s.factorization,
+            self.config.num_rounds,
+            self.rule,
+            buffers=s.buffers,
+            bands=s.bands,
+            momentum=self.workload_momentum,
+        )
+
+    def privacy_bound(self, rounds: int) -> MatrixFactorizationBound:
+        """The factorization's privacy after its first ``rounds`` rows (μ, ε at δ, ρ) at the run's σ."""
+        return matrix_factorization_bound(
+            self.factorization.toeplitz,
+            self.config.num_rounds,
+            max(rounds, 1),
+            self.rule.min_separation,
+            self.rule.max_participations,
+            self.noise_multiplier,
+            self.config.privacy.delta,
+            factorization=self.factorization.name,
+        )
+
+    def make_ledger(self) -> PrivacyLedger:
+        if self.given_accountant is not None:
+            raise ConfigError(
+                f"{type(self).__name__}: its epsilon is the matrix-factorization mechanism's GDP bound over the run "
+                "(one Gaussian mechanism of the factorization's sensitivity), not a composition of sampled Gaussian "
+                "events: an accountant cannot be given"
+            )
+        self.workload_momentum  # noqa: B018 -- refuses a non-linear server optimizer before anything else
+        return GDPLedger(
+            self.config.privacy.delta,
+            self.privacy_bound,  # type: ignore[arg-type]
+            lambda: f"matrix factorization, {self.factorization.describe()}; {self.rule.describe()}",
+            population=self.num_clients,
+            label="gdp (matrix factorization under the participation rule)",
+        )
+
+    def calibrated_noise_multiplier(self) -> float:
+        p = self.config.privacy
+        if p.target_epsilon is None:
+            return p.noise_multiplier
+        sigma = calibrate_matrix_factorization(
+            p.target_epsilon,
+            p.delta,
+            self.factorization.toeplitz,
+            self.config.num_rounds,
+            self.rule.min_separation,
+            self.rule.max_participations,
+        )
+        log(INFO, "Calibrated noise multiplier sigma=%.4f for target epsilon=%.3f (delta=%.3g, T=%d, %s; %s)",
+            sigma, p.target_epsilon, p.delta, self.config.num_rounds, self.factorization.describe(),
+            self.rule.describe())  # fmt: skip
+        return sigma
+
+    def client_recipe(self) -> RecipeSpec:
+        return RecipeSpec(kind="clip")
+
+    def server_mechanisms(self) -> tuple[Mechanism, ...]:
+        return (CorrelatedNoise(self.factorization),)
+
+    def round_extras(self) -> dict[str, Any]:
+        assert isinstance(self.ledger, GDPLedger)
+        mu = self.ledger.mu
+        return {"gdp_mu": mu, "zcdp_rho": mu * mu / 2, "participation_refused": getattr(self, "refused_last_round", 0)}
+
+    def mechanism_claim(self) -> dict[str, Any]:
+        bound = self.privacy_bound(max(self.ledger.rounds if self.ledger else 0, 1))
+        return {
+            **super().mechanism_claim(),
+            "sampling": self.config.privacy.sampling,
+            "participation_rule": self.rule.describe(),
+            "min_separation": self.rule.min_separation,
+            "max_participations": self.rule.max_participations,
+            "amplification": "none (the epsilon holds for every participation pattern the rule allows)",
+            "factorization": {**self.factorization.to_dict(), "describe": self.factorization.describe()},
+            "sensitivity": bound.sensitivity,
+            "zcdp_rho": bound.rho if self.ledger is not None and self.ledger.rounds else 0.0,
+            "adjacency": "zero-out (a client's updates replaced by zeros; each participation moves its round's "
+            "average by at most C/m)",
+        }
+
+    def summary(self) -> None:
+        super().summary()
+        bound = self.privacy_bound(self.config.num_rounds)
+        log(INFO, "\tDP-FTRL: %s; participation rule: %s (%s sampler, enforced by the server; no amplification)",
+            self.factorization.describe(), self.rule.describe(), self.config.privacy.sampling)  # fmt: skip
+        log(INFO, "\tafter %d rounds: sensitivity %.4g, mu=%.4g-GDP => (%.4g, %.3g)-DP, rho=%.4g-zCDP",
+            self.config.num_rounds, bound.sensitivity, bound.mu, bound.epsilon, bound.delta, bound.rho)  # fmt: skip
+
+    # ----- checkpoints -----------------------------------------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
+        state, arrays = super().state()
+        state["participation"] = self.participation.state_dict()
+        state["participation_key"] = int(self.groups_key)
+        return state, arrays
+
+    def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
+        super().load_state(state, arrays)
+        if "participation" not in state or "participation_key" not in state:
+            raise ValueError("a DP-FTRL checkpoint holds its participation record and key")
+        self.participation.load_state_dict(state["participation"])
+        self.__dict__["groups_key"] = int(state["participation_key"])
+
+    def _restore(self, checkpoint: Checkpoint) -> None:
+        logged = int(checkpoint.strategy_state.get("releases_logged", 0))
+        if any(release.randomness != "seeded" for release in self.releases.owed_after(logged)):
+            raise ConfigError(
+                f"resume: rounds after the checkpoint (round {checkpoint.round}) were released with CSPRNG noise; "
+                "DP-FTRL cannot release those rows of its factorization again with fresh noise (outside its "
+                "accounting). Resume from a checkpoint of the last released round (checkpoint_every=1)"
+            )
+        super()._restore(checkpoint)
+
+
+class DPFTRLFedSAM(DPFTRLFedAvg):
+    """DP-FTRL with SAM (or ASAM) local training: flatter local models under the same correlated noise."""
+
+    config_name = "dp_ftrl_fedsam"
+    local_optimizer = "sam"
