@@ -1,4 +1,5 @@
-"""Benchmark harness (issues 5, 12, 22): ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4,PEER,GPU]``.
+"""Benchmark harness (issues 5, 12, 22, 33): ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4,PEER,GPU]``;
+``--only FTRL`` (not in the default set) adds the DP-FTRL arms' cost.
 
 Writes ``results.json`` and ``results.md`` into ``--out`` (default ``bench/results/<timestamp>/``). Every
 comparison is a ratio of two measurements taken side by side in this one invocation.
@@ -40,6 +41,11 @@ comparison is a ratio of two measurements taken side by side in this one invocat
   the batched loop; each of three sharing runs ≤ 1.5× its time alone. ``--gpu-rounds`` (default 6; the sharing
   runs do max(2×, 12) so that their steady rounds overlap) keeps it within about 8 minutes on one H100; pass the
   data with ``--data-dir`` (and any other override with ``--set KEY=VALUE``).
+* **FTRL** (``--only FTRL``; not in the default set; issue 33, bench/ftrl.py) — the cost of the four arms of
+  conf/experiment/dp_ftrl.yaml (dp_fedavg, dp_fedavg_unamplified, dp_ftrl_fedavg, dp_ftrl_fedsam) at
+  ``+scale=cpu privacy.target_epsilon=4``, one run each of ``--ftrl-rounds`` (default 6) rounds, evaluation only
+  after the last: s/round (median over rounds 3..T−1, as P2) and its ratio to dp_fedavg's, peak RSS of every
+  process (and by kind) and the driver's own (the ServerApp's process: where the BLT's float64 buffers live).
 """
 
 from __future__ import annotations
@@ -889,6 +895,10 @@ def to_markdown(results: dict[str, Any]) -> str:
         lines += _gpu_peer_rows(gpu_peer)
     if gpu := results.get("GPU"):
         lines += _gpu_rows(gpu)
+    if ftrl := results.get("FTRL"):
+        from bench.ftrl import ftrl_rows
+
+        lines += ftrl_rows(ftrl)
     if "gpu" in results:
         lines.append(f"| GPU | {results['gpu']} | | |")
     return "\n".join(lines) + "\n"
@@ -900,8 +910,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated subset of P1,P2,P3,P4,PEER,GPU (default: all; GPU when CUDA is present; PEER "
-        "with --peer)",
+        help="comma-separated subset of P1,P2,P3,P4,PEER,GPU,FTRL (default: all but FTRL; GPU when CUDA is present; "
+        "PEER with --peer)",
     )
     parser.add_argument("--peer", choices=("pfl",), default=None, help="compare with pfl-research (bench/peer.py)")
     parser.add_argument("--pfl-python", default=None, help="an interpreter with pfl (default: .bench-peer/pfl-venv)")
@@ -910,6 +920,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=8, help="P2 rounds (steady state = rounds 3..T-1)")
     parser.add_argument("--gpu-rounds", type=int, default=6, help="rounds of each GPU run (steady state = 3..T-1)")
+    parser.add_argument("--ftrl-rounds", type=int, default=6, help="rounds of each FTRL run (steady = 3..T-1)")
     parser.add_argument("--procs", type=int, default=None, help="P2 parallel loops' processes (default: cores)")
     parser.add_argument("--quick", action="store_true", help="a 6000-image subset and 5 rounds (smoke test)")
     parser.add_argument("--data-dir", default=None, help="dataset.data_dir for every run (where Fashion-MNIST is)")
@@ -921,10 +932,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     default_only = "P1,P2,P3,P4" + (",PEER" if args.peer else "") + (",GPU" if torch.cuda.is_available() else "")
     only = {s.strip().upper() for s in (args.only or default_only).split(",") if s.strip()}
-    if unknown := only - {"P1", "P2", "P3", "P4", "PEER", "GPU"}:
+    if unknown := only - {"P1", "P2", "P3", "P4", "PEER", "GPU", "FTRL"}:
         parser.error(f"--only: unknown {sorted(unknown)}")
-    if args.rounds < 4 or args.gpu_rounds < 4:
-        parser.error("--rounds and --gpu-rounds must be >= 4 (the steady state is rounds 3..T-1)")
+    if args.rounds < 4 or args.gpu_rounds < 4 or args.ftrl_rounds < 4:
+        parser.error("--rounds, --gpu-rounds and --ftrl-rounds must be >= 4 (the steady state is rounds 3..T-1)")
     if "GPU" in only:
         require_cuda()
     if "PEER" in only and not args.peer:
@@ -973,6 +984,10 @@ def main(argv: list[str] | None = None) -> int:
             results["P1"] = p1_startup(overrides, tmp)
         if "P3" in only:
             results["P3"] = p3_memory(overrides, tmp)
+        if "FTRL" in only:
+            from bench.ftrl import ftrl_cost
+
+            results["FTRL"] = ftrl_cost(passthrough, args.ftrl_rounds, tmp)
     finally:
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
         (out / "results.md").write_text(to_markdown(results))
