@@ -12,7 +12,7 @@ from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam import DPFedSAM
 from strategies.dp_fedsam_topk import DPFedSAMTopK
-from strategies.dp_ftrl import DPFTRLFedAvg, DPFTRLFedSAM
+from strategies.dp_ftrl import DPFedAvgUnamplified, DPFTRLFedAvg, DPFTRLFedSAM
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
 from strategies.fedavg import FedAvg, FedSAM
 from strategies.flower_dp import UNIT_WEIGHT, ClientLevelDP
@@ -26,6 +26,7 @@ __all__ = [
     "DPFedAvg",
     "DPFedAvgBLUR",
     "DPFedAvgBLURS",
+    "DPFedAvgUnamplified",
     "DPFedSAM",
     "DPFedSAMTopK",
     "FedAvg",

@@ -293,3 +293,10 @@ class DPFTRLFedSAM(DPFTRLFedAvg):
 
     config_name = "dp_ftrl_fedsam"
     local_optimizer = "sam"
+
+
+class DPFedAvgUnamplified(DPFTRLFedAvg):
+    """DP-FedAvg as a deployment can honestly claim it: DP-FedAvg's independent noise (the identity factorization, its
+    config's default) accounted with no amplification, as k Gaussian releases under the enforced rule."""
+
+    config_name = "dp_fedavg_unamplified"

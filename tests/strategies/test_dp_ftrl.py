@@ -206,3 +206,16 @@ def test_the_mechanism_keeps_model_sized_buffers_in_the_checkpoint(tmp_path: Pat
     noise_state = checkpoint.strategy_state["mechanisms"][-1]["correlated_noise"]
     assert noise_state["releases"] == 2 and noise_state["factorization"]["name"] == "blt"
     assert mech.global_l2_norm([buffers[0]]) > 0
+
+
+def test_the_budget_guard_stops_before_the_row_that_would_pass_max_epsilon() -> None:
+    """ε of the BLT arm jumps when the first clients can take part a second time (round b + 1 = 5): a budget between
+    the two values lets rounds 1-4 run and stops before round 5."""
+    probe = build("strategy=dp_ftrl_fedavg", *SMALL)
+    before, after = probe.privacy_bound(4).epsilon, probe.privacy_bound(5).epsilon
+    assert before < after
+    strategy = build("strategy=dp_ftrl_fedavg", *SMALL, f"privacy.max_epsilon={(before + after) / 2}")
+    grid = FakeGrid()
+    _run(strategy, 8, grid)
+    assert len(grid.sent) == 4 and strategy.stop_reason is not None and "budget guard" in strategy.stop_reason
+    assert strategy.epsilon() == pytest.approx(before, rel=1e-12)
