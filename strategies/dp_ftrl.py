@@ -142,8 +142,11 @@ class DPFTRLFedAvg(FederatedStrategy):
         refused.update(also_refused)
         #: Clients the participation rule refused this round (published: a function of the record, not of data).
         self.refused_last_round = len(refused)
-        for client, reason in list(refused.items())[:5]:
-            log(WARNING, "Round %d: client %d refused by the participation rule: %s", server_round, client, reason)
+        if refused and self.statistics.publishes_raw:
+            for client, reason in list(refused.items())[:5]:
+                log(WARNING, "Round %d: client %d refused by the participation rule: %s", server_round, client, reason)
+        elif refused:  # no partition named where nothing per client is published (docs/PRIVACY.md, 3)
+            log(INFO, "Round %d: %d client(s) refused by the participation rule", server_round, len(refused))
         return np.asarray(sorted(eligible), dtype=np.int64)
 
     def round_released(self, plan: RoundPlan) -> None:
