@@ -20,6 +20,7 @@ from fl_app.instructions import STREAM_SERVER_NOISE
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accountants import create_accountant, privacy_config
 from fl_app.privacy.accounting.matrix_factorization import matrix_factorization_bound
+from fl_app.privacy.correlated_noise import CorrelatedNoise
 from fl_app.privacy.fdp import gdp_to_epsilon
 from fl_app.privacy.mechanisms import matrix_factorization as mf
 from fl_app.privacy.mechanisms.participation import ParticipationRecord, ParticipationRule
@@ -32,7 +33,7 @@ SHAPES = [(4, 5), (5,)]
 SMALL = ["dataset.num_clients=20", "privacy.sample_rate=0.25", "num_rounds=8"]  # b = 4 groups of 5, k = 2
 
 
-def _run(strategy, rounds: int, grid: FakeGrid | None = None) -> list[list[np.ndarray]]:
+def _run(strategy, rounds: int, grid: FakeGrid | None = None, shapes=SHAPES) -> list[list[np.ndarray]]:
     """Run ``rounds`` rounds on a grid whose clients answer zero updates; the global models after each round."""
     models: list[list[np.ndarray]] = []
 
@@ -41,7 +42,7 @@ def _run(strategy, rounds: int, grid: FakeGrid | None = None) -> list[list[np.nd
             models.append([np.array(w, copy=True) for w in outcome.new_weights])
 
     strategy.observers.append(Record())
-    strategy.start(grid or FakeGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=rounds)
+    strategy.start(grid or FakeGrid(), ArrayRecord(random_update(shapes, 0.1, seed=0)), num_rounds=rounds)
     return models
 
 
@@ -219,3 +220,33 @@ def test_the_budget_guard_stops_before_the_row_that_would_pass_max_epsilon() -> 
     _run(strategy, 8, grid)
     assert len(grid.sent) == 4 and strategy.stop_reason is not None and "budget guard" in strategy.stop_reason
     assert strategy.epsilon() == pytest.approx(before, rel=1e-12)
+
+
+AUDIT_SHAPES = [(100, 150), (5000,)]  # d = 20,000: room for 400 canary directions
+AUDITED = ("strategy=dp_ftrl_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.5", "num_rounds=5",
+           "privacy.noise_multiplier=10", "privacy.delta=1e-5", "audit=canaries", "audit.canaries=400")  # fmt: skip
+
+
+def test_canaries_follow_the_rule_and_the_audit_holds_for_the_correct_mechanism() -> None:
+    """The canaries are sampled by the same cyclic groups (b = 2, k = 3 in 5 rounds); with zero real updates the
+    rounds are the bare mechanism on the canaries, and the one-run lower bound stays below the factorization's ε."""
+    strategy = build(*AUDITED)
+    _run(strategy, 5, shapes=AUDIT_SHAPES)
+    audit, result = strategy.canaries, strategy.audit_result
+    assert audit is not None and result is not None and result.round == 5
+    record = ParticipationRecord(ParticipationRule(2, 3))
+    for server_round in range(1, 6):
+        record.record(audit.participants(server_round), server_round)  # raises on a violation of the rule
+    assert {len(record.rounds_of(int(i))) for i in np.flatnonzero(audit.inserted)} == {2, 3}
+    assert result.accountant_epsilon == pytest.approx(strategy.epsilon(), rel=1e-12)
+    assert not result.violation
+
+
+def test_the_audit_flags_a_dp_ftrl_build_whose_noise_is_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weakened build: the mechanism adds nothing while the ledger still accounts σ = 10 — the canaries catch it."""
+    monkeypatch.setattr(CorrelatedNoise, "_correlate", lambda self, z: np.zeros_like(z))
+    strategy = build(*AUDITED)
+    _run(strategy, 5, shapes=AUDIT_SHAPES)
+    result = strategy.audit_result
+    assert result is not None and result.violation
+    assert result.lower_bound.epsilon > result.accountant_epsilon_at_bound_delta
