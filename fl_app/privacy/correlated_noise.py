@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from fl_app.core.choices import FACTORIZATIONS, FactorizationName
+from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accountants.events import GDPEvent
 from fl_app.privacy.mechanisms import matrix_factorization as mf
 from fl_app.privacy.mechanisms.participation import ParticipationRule
@@ -147,10 +148,8 @@ class CorrelatedNoise(Mechanism):
         self.releases += 1
         out, offset = [], 0
         for a in arrays:
-            part = w[offset : offset + a.size].reshape(a.shape)
+            out.append(mech.add_in_float64(a, step.noise_std * w[offset : offset + a.size].reshape(a.shape)))
             offset += a.size
-            out.append(np.add(a, step.noise_std * part, out=np.empty(a.shape, a.dtype), dtype=np.float64,
-                              casting="unsafe"))  # fmt: skip
         return out
 
     def _correlate(self, z: np.ndarray) -> np.ndarray:

@@ -36,6 +36,7 @@ from fl_app.privacy.mechanisms.diagnostics import CLIPPING_STATS_KEYS, clipping_
 from fl_app.privacy.mechanisms.masks import apply_mask, kept_count, randk_mask, topk_mask
 from fl_app.privacy.mechanisms.noise import (
     add_gaussian_noise,
+    add_in_float64,
     client_noise_topup_std,
     gaussian_noise_std,
     joint_noise_multiplier,
@@ -61,6 +62,7 @@ __all__ = [
     "RandomSource",
     "SecureRandom",
     "add_gaussian_noise",
+    "add_in_float64",
     "add_to_sum",
     "apply_mask",
     "client_noise_topup_std",

@@ -56,18 +56,14 @@ def add_gaussian_noise(update: Sequence[np.ndarray], std: float, rng: NormalSour
     arrays = [np.asarray(tensor) for tensor in update]
     if std == 0:
         return [tensor.copy() for tensor in arrays]
-    # Added in float64 (the ufunc widens the tensor exactly) and rounded to the tensor's dtype as each value is
-    # written: the values of (tensor.astype(float64) + noise).astype(dtype), with no float64 copy of the tensor.
-    return [
-        np.add(
-            tensor,
-            rng.normal(0.0, std, size=tensor.shape),
-            out=np.empty(tensor.shape, tensor.dtype),
-            dtype=np.float64,
-            casting="unsafe",
-        )
-        for tensor in arrays
-    ]
+    return [add_in_float64(tensor, rng.normal(0.0, std, size=tensor.shape)) for tensor in arrays]
+
+
+def add_in_float64(tensor: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """``tensor + noise`` as a new array of the tensor's dtype, added in float64 (the ufunc widens the tensor exactly)
+    and rounded as each value is written: the values of (tensor.astype(float64) + noise).astype(dtype), with no
+    float64 copy of the tensor, so float32 rounding does not bias the noise law."""
+    return np.add(tensor, noise, out=np.empty(tensor.shape, tensor.dtype), dtype=np.float64, casting="unsafe")
 
 
 def joint_noise_multiplier(noise_multiplier: float, statistics_noise_multiplier: float) -> float:
