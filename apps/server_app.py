@@ -128,7 +128,8 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         # Every "auto" setting (noise and sampling source, client statistics) before anything is written.
         strategy.resolve_settings(is_simulation(grid))
     except ConfigError as exc:
-        run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}")
+        # A refused resume has accounted the releases logged after its checkpoint: run.json keeps stating them.
+        run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}", **strategy.dp_guarantee())
         metrics.close()
         raise
     run_file.update(**strategy.dp_guarantee())

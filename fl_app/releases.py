@@ -31,6 +31,13 @@ from pathlib import Path
 import numpy as np
 
 RELEASES_FILE = "releases.jsonl"
+#: A release's (and a checkpoint's) randomness: the OS CSPRNG, or the seeded streams of a simulation.
+CSPRNG, SEEDED = "os-csprng", "seeded"
+
+
+def randomness_name(secure: bool) -> str:
+    """The name a release log and a checkpoint give a run's randomness."""
+    return CSPRNG if secure else SEEDED
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,7 @@ def releases_to_account(logged: list[Release]) -> tuple[list[Release], dict[int,
     owed: list[Release] = []
     repeatable: dict[int, set[str]] = {}
     for release in logged:
-        if release.randomness != "seeded":
+        if release.randomness != SEEDED:
             owed.append(release)
             continue
         if release.digest is None:

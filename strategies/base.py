@@ -232,6 +232,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         if self.run_settings is not None:
             return
         settings = RunSettings.resolve(self.config, simulation)
+        if self.resume_from is not None:  # the randomness the checkpoint was made with, or refused
+            self.check_resume_randomness(self.resume_from, settings.secure_noise)
         self.randomness = replace(self.randomness, secure=settings.secure_noise, deployment=not settings.simulation)
         self.statistics = replace(self.statistics, mode=settings.client_statistics)
         self.cohort_size = settings.cohort_size

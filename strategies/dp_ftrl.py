@@ -174,15 +174,24 @@ class DPFTRLFedAvg(FederatedStrategy):
 
     @cached_property
     def factorization(self) -> Factorization:
+        """The factorization optimised for this run; a combination it cannot be built for is refused naming the
+        settings that decide it."""
         s = self.config.strategy
-        return Factorization.optimized(
-            s.factorization,
-            self.config.num_rounds,
-            self.rule,
-            buffers=s.buffers,
-            bands=s.bands,
-            momentum=self.workload_momentum,
-        )
+        try:
+            return Factorization.optimized(
+                s.factorization,
+                self.config.num_rounds,
+                self.rule,
+                buffers=s.buffers,
+                bands=s.bands,
+                momentum=self.workload_momentum,
+            )
+        except ValueError as exc:
+            raise ConfigError(
+                f"invalid DP-FTRL configuration strategy.factorization={s.factorization} strategy.buffers={s.buffers} "
+                f"strategy.bands={s.bands} num_rounds={self.config.num_rounds} privacy.min_separation="
+                f"{self.rule.min_separation} privacy.max_participations={self.rule.max_participations}: {exc}"
+            ) from exc
 
     def privacy_bound(self, rounds: int) -> MatrixFactorizationBound:
         """The factorization's privacy after its first ``rounds`` rows (μ, ε at δ, ρ) at the run's σ."""

@@ -20,7 +20,7 @@ from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.privacy.pipeline import PrivacyEvent, ReleaseParameters
-from fl_app.releases import Release, model_digest
+from fl_app.releases import Release, model_digest, randomness_name
 from strategies.clipping import AdaptiveClipNorm
 
 
@@ -184,7 +184,7 @@ class Guarantee:
             round=server_round,
             noise_multiplier=float(self.accounted_noise_multiplier),
             sample_rate=float(self.config.privacy.sample_rate),
-            randomness="os-csprng" if self.secure_noise else "seeded",
+            randomness=randomness_name(self.secure_noise),
             digest=model_digest(weights),
         )
 

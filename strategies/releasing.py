@@ -34,6 +34,10 @@ class RunReleases:
         owed, self._repeatable = releases_to_account(self.log.since(logged_at_checkpoint))
         return owed
 
+    def log_since(self, logged_at_checkpoint: int) -> list[Release]:
+        """Every release logged after the checkpoint, as logged (repeats included)."""
+        return [] if self.log is None else self.log.since(logged_at_checkpoint)
+
     def repeats(self, server_round: int) -> bool:
         """Whether ``server_round`` is a seeded re-run of a logged release: it repeats that release, already counted,
         and takes no new ε (nor the budget guard's)."""

@@ -12,6 +12,8 @@ import numpy as np
 from flwr.common.logger import log
 
 from fl_app.checkpoint import Checkpoint
+from fl_app.config import ConfigError
+from fl_app.releases import randomness_name
 from strategies.auditing import audit_report
 
 
@@ -29,6 +31,34 @@ class RunState:
             self.account_release(release)
         self.rounds_released += len(owed)
         log(INFO, "Resuming after round %d (epsilon so far %.4g)", checkpoint.round, self.epsilon())
+
+    def check_resume_randomness(self, checkpoint: Checkpoint, secure: bool) -> None:
+        """Refuse a resume whose randomness (``secure``: the OS CSPRNG, else seeded streams) is not the one the
+        checkpoint and the releases logged after it were made with (docs/PRIVACY.md, resumes).
+
+        A resume re-runs the rounds released after the checkpoint. Under the randomness they were released with, a
+        seeded re-run repeats its logged release (no new ε) and a CSPRNG re-run is a new release the ledger counts.
+        Under other randomness, a seeded release is re-released with noise independent of its own: for DP-FTRL that
+        is one row of the factorization twice, outside its analysis (the ledger would state the ε of T rows while
+        the released models have that of T + 1). ``privacy.secure_noise=auto`` resolves by where the run happens
+        (seeded on the simulation engine, the CSPRNG against a real SuperLink), so a run checkpointed on one and
+        resumed on the other is refused here, before any message."""
+        if not self.private:
+            return
+        logged = int(checkpoint.strategy_state.get("releases_logged", 0))
+        made_with = {release.randomness for release in self.releases.log_since(logged)}
+        if "randomness" in checkpoint.strategy_state:  # checkpoints written before it was stored: the log alone
+            made_with.add(str(checkpoint.strategy_state["randomness"]))
+        now = randomness_name(secure)
+        if made_with - {now}:
+            raise ConfigError(
+                f"resume: the checkpoint (round {checkpoint.round}) and the releases logged after it were made with "
+                f"{' and '.join(sorted(made_with))} randomness; this run would draw from {now} "
+                "(privacy.secure_noise=auto is seeded on the simulation engine and the OS CSPRNG against a real "
+                "SuperLink). Its re-run rounds would release their models again with noise independent of the logged "
+                "releases, which the accounting does not cover. Resume where the run was checkpointed (the same "
+                "privacy.secure_noise resolved the same way), or start a new run"
+            )
 
     def evaluate_audit(self, server_round: int) -> dict[str, Any]:
         """Score the canaries after ``server_round`` against the ledger (strategies/auditing.py)."""
@@ -55,7 +85,8 @@ class RunState:
         from them while the next round runs: strategies/observers.py)."""
         ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
-        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self.releases.logged}
+        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self.releases.logged,
+                 "randomness": randomness_name(self.secure_noise)}  # fmt: skip
         arrays = dict(optimizer_arrays)
         if self.uses_previous_global:  # a second copy of the model in every checkpoint, only where a mask needs it
             arrays["previous_global"] = list(self.last_round_global)

@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from flwr.superlink.grid import InMemoryGrid
 
 from apps.server_app import run_federated
+from fl_app.checkpoint import resolve_resume
 from fl_app.config import ConfigError, compose_config, noise_stream_key
 from fl_app.privacy.accounting import compute_epsilon
+from fl_app.releases import ReleaseLog
 from tests.helpers import FakeGrid
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
@@ -157,3 +160,66 @@ def test_a_resume_that_fails_before_its_first_round_never_understates_epsilon(
     final = json.loads((tmp_path / "run.json").read_text())
     assert final["status"] == "failed" and error in final["error"]
     _assert_states_two_releases(final)
+
+
+# ----- issue 39: a resume uses the randomness its checkpoint was made with, or is refused before any message -------
+
+
+class KilledGrid(WatchingGrid):
+    """A deployment grid on which the server is killed (SIGINT) while round ``crash_round``'s messages go out."""
+
+    def __init__(self, out: Path, crash_round: int | None = None) -> None:
+        super().__init__(out)
+        self.crash_round = crash_round
+
+    def send_and_receive(self, messages, timeout=None):
+        if len(self.seen) + 1 == self.crash_round:
+            raise KeyboardInterrupt("killed")
+        return super().send_and_receive(messages, timeout)
+
+
+class SimulationKilledGrid(KilledGrid, InMemoryGrid):
+    """The same on Flower's simulation engine (an in-memory grid): ``secure_noise=auto`` resolves to seeded."""
+
+
+RESUMED = {"dp_fedavg": [], "dp_ftrl_fedavg": ["privacy.sampling=available", "privacy.min_separation=2"]}
+
+
+@pytest.mark.parametrize("strategy", list(RESUMED))
+@pytest.mark.parametrize("first_on_simulation", [True, False], ids=["seeded-then-csprng", "csprng-then-seeded"])
+def test_a_resume_under_other_randomness_is_refused_and_run_json_keeps_every_release(
+    tmp_path: Path, strategy: str, first_on_simulation: bool
+) -> None:
+    """Killed in round 4 after round 3 was released and logged (checkpoint after round 2), then resumed on the other
+    kind of grid, where ``secure_noise=auto`` resolves to the other randomness: re-running round 3 would release it
+    again with independent noise. Refused before any message (DP-FTRL refuses a CSPRNG release past its checkpoint
+    already when it is built, whatever the resumed randomness), and run.json still states round 3's ε."""
+    run = [*RUN, f"strategy={strategy}", *RESUMED[strategy], "num_rounds=6", "checkpoint_every=2"]
+    grids = (SimulationKilledGrid, KilledGrid) if first_on_simulation else (KilledGrid, SimulationKilledGrid)
+    with pytest.raises(KeyboardInterrupt):
+        run_federated(grids[0](tmp_path, crash_round=4), compose_config(run), tmp_path, progress=False)
+    killed = json.loads((tmp_path / "run.json").read_text())
+    assert killed["rounds_released"] == 3 and killed["epsilon"] > 0
+    resumed_grid = grids[1](tmp_path)
+    config = resolve_resume(compose_config([*run, f"resume={tmp_path}"]))
+    with pytest.raises(ConfigError, match=r"Resume where the run was checkpointed|cannot release those rows"):
+        run_federated(resumed_grid, config, tmp_path, progress=False)
+    assert resumed_grid.seen == []  # nothing sent: the refusal came before the first message
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["status"] == "failed"
+    assert meta["rounds_released"] == 3
+    assert meta["epsilon"] == pytest.approx(killed["epsilon"], rel=1e-12)  # never less than what was released
+    assert [r.round for r in ReleaseLog(tmp_path).read()] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("strategy", list(RESUMED))
+def test_a_resume_under_the_same_randomness_continues(tmp_path: Path, strategy: str) -> None:
+    """The seeded resume on the simulation engine repeats round 3's logged release and finishes the run."""
+    run = [*RUN, f"strategy={strategy}", *RESUMED[strategy], "num_rounds=6", "checkpoint_every=2"]
+    with pytest.raises(KeyboardInterrupt):
+        run_federated(SimulationKilledGrid(tmp_path, crash_round=4), compose_config(run), tmp_path, progress=False)
+    config = resolve_resume(compose_config([*run, f"resume={tmp_path}"]))
+    run_federated(SimulationKilledGrid(tmp_path), config, tmp_path, progress=False)
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["status"] == "completed" and meta["rounds_released"] == 6
+    assert [r.round for r in ReleaseLog(tmp_path).read()] == [1, 2, 3, 3, 4, 5, 6]

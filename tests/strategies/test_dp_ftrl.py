@@ -250,3 +250,51 @@ def test_the_audit_flags_a_dp_ftrl_build_whose_noise_is_switched_off(monkeypatch
     result = strategy.audit_result
     assert result is not None and result.violation
     assert result.lower_bound.epsilon > result.accountant_epsilon_at_bound_delta
+
+
+# ----- issue 39 §2: every (T, b, k, factorization) builds or is refused with the setting to change ------------
+
+
+def _builds_or_is_refused(rounds: int, b: int, k: int, factorization: str, buffers: int, bands: int | None) -> None:
+    overrides = ["strategy=dp_ftrl_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.25",
+                 "privacy.sampling=available", f"num_rounds={rounds}", f"privacy.min_separation={b}",
+                 f"privacy.max_participations={k}", f"strategy.factorization={factorization}",
+                 f"strategy.buffers={buffers}", f"strategy.bands={'null' if bands is None else bands}"]  # fmt: skip
+    try:
+        strategy = build(*overrides)
+    except ConfigError as exc:
+        assert "strategy." in str(exc) or "privacy." in str(exc) or "num_rounds" in str(exc)  # names a setting
+        return
+    f = strategy.factorization
+    coefficients = f.toeplitz
+    assert coefficients[0] == 1.0 and np.all(np.isfinite(coefficients))
+    if f.blt is not None and rounds == 1:  # one row: C = I, the BLT with zero scales and decays
+        assert set(f.blt.output_scale) | set(f.blt.buf_decay) <= {0.0}
+    elif f.blt is not None:  # inside the optimiser's documented domain: θ > 0, ω in (0, 1), Σθ < 1
+        assert all(t > 0 for t in f.blt.output_scale) and sum(f.blt.output_scale) < 1
+        assert all(0 < w < 1 for w in f.blt.buf_decay)
+        assert np.all(coefficients >= 0) and np.all(np.diff(coefficients) <= 0)
+    bound = strategy.privacy_bound(rounds)
+    assert math.isfinite(bound.sensitivity) and bound.sensitivity >= 1 and math.isfinite(bound.epsilon)
+
+
+@pytest.mark.parametrize(("rounds", "b", "k"), [(12, 3, 2), (24, 7, 2), (17, 3, 3)])
+def test_the_blt_configurations_whose_optimum_wants_a_decay_of_one_build(rounds: int, b: int, k: int) -> None:
+    """The optimiser's sigmoid used to round such a decay to exactly 1.0, which the BLT refuses (a crash at
+    construction); its bounds now keep ω < 1 in float64."""
+    _builds_or_is_refused(rounds, b, k, "blt", 3, None)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rounds=st.integers(1, 24),
+    b=st.integers(1, 10),
+    k=st.integers(1, 4),
+    factorization=st.sampled_from(["blt", "banded", "identity"]),
+    buffers=st.integers(1, 4),
+    bands=st.none() | st.integers(1, 12),
+)
+def test_every_small_configuration_builds_or_is_refused_with_a_message(
+    rounds: int, b: int, k: int, factorization: str, buffers: int, bands: int | None
+) -> None:
+    _builds_or_is_refused(rounds, b, k, factorization, buffers, bands)

@@ -219,3 +219,22 @@ def test_seeded_randomness_in_a_deployment_is_refused_unless_allowed_and_then_sa
         forced.start(FakeGrid(), initial, num_rounds=1)
     assert "SEEDED RANDOMNESS IN A DEPLOYMENT" in caplog.text
     assert "not private against clients" in forced.dp_guarantee()["sampling_source"]
+
+
+# ----- issue 39: a resume draws from the randomness its checkpoint was made with --------------------------------
+
+
+def test_the_checkpoint_records_its_randomness_and_an_older_one_is_judged_by_the_log(tmp_path):
+    """A checkpoint states the randomness it was made with; one written before that field existed is judged by the
+    releases logged after it: a seeded release past the checkpoint refuses a CSPRNG resume."""
+    ckpt = _crash_after_five_releases(tmp_path)  # seeded; released 1..5, checkpoint after 3
+    assert ckpt.strategy_state["randomness"] == "seeded"
+    del ckpt.strategy_state["randomness"]  # as an older version wrote it
+    secure = [o for o in SEEDED if not o.startswith("privacy.secure_noise")] + ["privacy.secure_noise=true"]
+    grid = FakeGrid()
+    with pytest.raises(ConfigError, match=r"made with seeded randomness; this run would draw from os-csprng"):
+        _run(secure, tmp_path, rounds=6, grid=grid, resume=ckpt)
+    assert grid.sent == []
+    # The releases past the checkpoint were accounted when the strategy was built: ε never states less.
+    refused = build(*secure, checkpoint_dir=tmp_path, resume_from=ckpt)
+    assert refused.ledger.rounds == 5

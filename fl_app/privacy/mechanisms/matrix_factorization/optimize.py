@@ -48,6 +48,14 @@ def _blt_log_loss(theta: np.ndarray, omega: np.ndarray, n: int, b: int, k: int, 
     return value if math.isfinite(value) else 1e300
 
 
+#: Upper bounds of the unconstrained parameters, chosen so that the open domain survives float64 rounding.
+#: ω = 1/(1 + e^{−v}) rounds to exactly 1.0 once e^{−v} < 2^−53 (v ≳ 36.74): v ≤ 36 keeps ω ≤ 1 − 2^−52 < 1.
+#: Σθ = S/(e^{−top} + S), 1 ≤ S ≤ d ≤ 8 (the config's largest d), rounds to 1.0 once e^{−top} < S·2^−53: u ≤ 34
+#: keeps e^{−top} ≥ 1.7e-15 > 8·2^−53, so Σθ < 1 as well. The lower bounds (−40) only approach 0, which is allowed.
+_LOGIT_BOUNDS_THETA = (-40.0, 34.0)
+_LOGIT_BOUNDS_OMEGA = (-40.0, 36.0)
+
+
 def _blt_from_params(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """θ_i = e^{u_i} / (1 + Σ_j e^{u_j}) (θ > 0, Σθ < 1), ω_i = 1 / (1 + e^{−v_i}) (0 < ω < 1)."""
     d = x.size // 2
@@ -77,8 +85,10 @@ def optimize_blt(
 ) -> BLT:
     """The BLT with ``buffers`` buffers minimising :func:`loss` (sens² under (k, b) × mean squared error).
 
-    Search space: θ_i > 0, 0 < ω_i < 1 and Σθ_i < 1, reparametrised without constraints (θ by a softmax with an
-    extra zero logit, ω by a sigmoid). There the coefficients are positive and non-increasing (c_1 = Σθ < 1 = c_0,
+    Search space: θ_i > 0, 0 < ω_i < 1 and Σθ_i < 1, reparametrised (θ by a softmax with an extra zero logit, ω by
+    a sigmoid) with box bounds on the logits that keep ω < 1 and Σθ < 1 after float64 rounding (an optimum that
+    wants a decay of exactly 1, a buffer that never forgets, gets the largest ω < 1 instead of one the BLT
+    refuses). There the coefficients are positive and non-increasing (c_1 = Σθ < 1 = c_0,
     and each c_j = Σθ_i ω_i^{j−1} decreases in j), which the min-separation sensitivity formula needs; the
     constraint Σθ < 1 is necessary for this (θ > 0, ω ∈ (0,1) alone allow c_1 > c_0). They also keep C(x) free of
     zeros in the closed unit disk (Re C(x) ≥ 1 − Σθ_i/(1 + ω_i) > 0), so C⁻¹'s coefficients decay and the
@@ -115,7 +125,7 @@ def optimize_blt(
             x0,
             method="L-BFGS-B",
             jac="3-point",
-            bounds=[(-40.0, 40.0)] * (2 * d),
+            bounds=[_LOGIT_BOUNDS_THETA] * d + [_LOGIT_BOUNDS_OMEGA] * d,
             options={"maxiter": 300, "ftol": 1e-12, "gtol": 1e-8},
         )
         value = float(result.fun)
