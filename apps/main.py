@@ -125,12 +125,36 @@ def join_ray_cluster(config: AppConfig) -> None:
     )
 
 
+def check_resources(config: AppConfig) -> None:
+    """Each ClientApp's resources against this machine, for a local Ray: Flower's engine builds an empty actor pool
+    when no client fits, ends at once, and would leave the ServerApp waiting ``round_timeout`` every round. A joined
+    cluster's resources are checked by Flower's own sizing (:func:`_cluster_workers`)."""
+    sim = config.simulation
+    if sim.ray_address is not None:
+        return
+    cpus = _total_cpus(config)
+    if sim.client_cpus > cpus:
+        raise ConfigError(
+            f"invalid config value simulation.client_cpus={sim.client_cpus}: more than the {cpus} CPU(s) this run "
+            "may use (simulation.total_cpus, else this machine's cores): no ClientApp could start"
+        )
+    if sim.client_gpus > 0 and torch.cuda.device_count() == 0:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise ConfigError(
+            f"invalid config value simulation.client_gpus={sim.client_gpus}: no CUDA GPU is visible to this process "
+            f"(torch.cuda.device_count() == 0{f', CUDA_VISIBLE_DEVICES={visible!r}' if visible is not None else ''})"
+            ": no ClientApp could start; set simulation.client_gpus=0 to train on the CPU"
+        )
+
+
 def preflight(config: AppConfig) -> None:
-    """Checks that must fail before Ray starts: noise calibration and the accountant are set up (an unreachable
-    target epsilon raises ValueError), missing data raises DatasetUnavailableError with the how-to message, and a
-    Ray cluster to join that does not answer raises ConnectionError."""
+    """Checks that must fail before Ray starts: the clients' resources fit this machine, noise calibration and the
+    accountant are set up (an unreachable target epsilon raises ValueError), missing data raises
+    DatasetUnavailableError with the how-to message, and a Ray cluster to join that does not answer raises
+    ConnectionError."""
     from apps.server_app import build_strategy
 
+    check_resources(config)
     build_strategy(config)
     # Both splits read and checked, nothing kept: this process evaluates on the test split and trains on none.
     check_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
@@ -165,6 +189,7 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     from apps.client_app import app as client_app
     from apps.delivery import deliver_promptly
     from apps.server_app import make_server_app
+    from strategies.messaging import engine_stopped, stop_waiting_for_replies
 
     # The server's own torch work (evaluation) stays within the simulation's CPU share.
     torch.set_num_threads(_total_cpus(config))
@@ -178,13 +203,20 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
         else:
             start_local_ray(backend_config(config)["init_args"])
         num_nodes = simulation_nodes(config)
-        # Flower logs a deprecation warning for run_simulation here; see the module docstring and docs/running.md.
-        run_simulation(
-            server_app=make_server_app(config, output_dir, progress=progress),
-            client_app=client_app,
-            num_supernodes=num_nodes,
-            backend_config=backend_config(config),
-        )
+        engine_stopped.clear()
+        try:
+            # Flower logs a deprecation warning for run_simulation here; see the module docstring and docs/running.md.
+            run_simulation(
+                server_app=make_server_app(config, output_dir, progress=progress),
+                client_app=client_app,
+                num_supernodes=num_nodes,
+                backend_config=backend_config(config),
+            )
+        except BaseException as exc:
+            # Flower's engine has ended while the ServerApp's thread may still wait for replies (round_timeout
+            # each round, releasing noise-only models): tell it, so that the run fails now with the engine's error.
+            stop_waiting_for_replies(_error_chain(exc))
+            raise
     finally:
         # Flower's backend disconnects when it ends; this covers a failure before it started (a joined cluster
         # keeps running either way, this run's actors die with its driver).
@@ -192,6 +224,16 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
             ray.shutdown()
     if not (output_dir / "final_model.npz").exists():
         raise RuntimeError(f"the simulation did not complete; see the log above and {output_dir}/run.json")
+
+
+def _error_chain(exc: BaseException) -> str:
+    """``exc`` and the errors that caused it, outermost first (Flower wraps the engine's own error twice)."""
+    chain: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 5:
+        chain.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return " <- ".join(chain)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

@@ -35,6 +35,23 @@ MAX_INTERVAL_S = 1.0
 #: spurious wake (a reply of another run in the same process) costs one pull.
 reply_stored = threading.Event()
 
+#: Set by the entry point that runs Flower's simulation engine in this process (apps/main.py) when the engine has
+#: ended: no reply can come any more, and :func:`send_and_receive` raises :class:`EngineStoppedError` at its next
+#: pull instead of waiting out its timeout. Cleared when a new simulation starts.
+engine_stopped = threading.Event()
+_engine_stop_reason: list[str] = []
+
+
+class EngineStoppedError(RuntimeError):
+    """Flower's simulation engine ended while the ServerApp still waited for replies."""
+
+
+def stop_waiting_for_replies(reason: str) -> None:
+    """Tell every :func:`send_and_receive` of this process that the engine has ended, with the engine's ``reason``."""
+    _engine_stop_reason[:] = [reason]
+    engine_stopped.set()
+    reply_stored.set()  # wakes a pull that is waiting
+
 
 def pull_interval(elapsed: float) -> float:
     """Seconds to wait before the next pull, ``elapsed`` seconds after the push."""
@@ -60,6 +77,11 @@ def send_and_receive(
         on_pushed()
     replies: list[Message] = []
     while pending:
+        if engine_stopped.is_set():
+            reason = _engine_stop_reason[0] if _engine_stop_reason else "no reason given"
+            raise EngineStoppedError(
+                f"Flower's simulation engine has ended with {len(pending)} message(s) unanswered: {reason}"
+            )
         # Cleared before the pull: a reply stored during or after it sets the signal again, so it never waits.
         reply_stored.clear()
         arrived = list(grid.pull_messages(pending))

@@ -99,3 +99,20 @@ def test_a_listening_cluster_and_plain_auto_pass(monkeypatch: pytest.MonkeyPatch
 def test_a_malformed_address_is_a_config_error(address: str) -> None:
     with pytest.raises(ValueError, match="host:port"):
         check_ray_address(address)
+
+
+def test_resources_this_machine_cannot_host_are_refused_before_ray(monkeypatch: pytest.MonkeyPatch) -> None:
+    from apps.main import check_resources
+    from fl_app.config import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match=r"simulation.client_gpus=0.5: no CUDA GPU is visible"):
+        check_resources(compose_config(["simulation.client_gpus=0.5"]))
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"simulation.client_cpus=4.0: more than the 2 CPU\(s\)"):
+        check_resources(compose_config(["simulation.client_cpus=4"]))
+    check_resources(compose_config(["simulation.client_cpus=2"]))
+    # A joined cluster's resources are its own (Flower's sizing checks them once connected).
+    check_resources(compose_config(["simulation.ray_address=auto", "simulation.client_gpus=0.5"]))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    check_resources(compose_config(["simulation.client_gpus=0.5"]))
