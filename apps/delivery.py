@@ -1,4 +1,4 @@
-"""Prompt delivery of a round's messages on Flower's simulation engine (issue 22: the engine's cost per round).
+"""Prompt delivery of a round's messages on Flower's simulation engine (the engine's cost per round).
 
 Flower 1.42's simulation engine moves a message from the ServerApp to a ClientApp worker in three hops: the
 ServerApp's grid stores it in the in-memory LinkState, an *extractor* thread

@@ -51,7 +51,7 @@ def build_strategy(config: AppConfig, **run: Any) -> FederatedStrategy:
 
 
 def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
-    """Global test-set evaluation of the global model (SPEC §8) in Flower's form, model and test set built once."""
+    """Global test-set evaluation of the global model (docs/running.md) in Flower's form; model, test set built once."""
     test = load_split(config.dataset.name, config.dataset.data_dir, train=False, download=config.dataset.download)
     n = config.dataset.max_test_samples or len(test)
     test_x, test_y = test.x[:n], test.y[:n]

@@ -1,7 +1,7 @@
 """The physical-limit reference: DP-FedAvg / DP-FedSAM as one plain PyTorch loop, no Flower, no Ray.
 
 For a validated :class:`~fl_app.config.AppConfig` and its seed, round t = 1..T does exactly what the app does
-(strategies/base.py steps 2–6, clients/training.py, SPEC §1–§3), in one process:
+(strategies/base.py steps 2–6, clients/training.py; docs/mechanisms.md, docs/algorithms.md), in one process:
 
 * sample the clients from the stream ``(seed, t, SAMPLING)`` (Poisson(q) or fixed-size m = qM),
 * for each sampled partition, in partition order: load the global weights, run E local epochs of SGD (momentum,
@@ -75,7 +75,7 @@ def local_train(
     use_sam: bool,
     generator: torch.Generator,
 ) -> None:
-    """E local epochs of SGD or SAM/ASAM on (x, y), in place on ``model`` (SPEC §3, written out here)."""
+    """E local epochs of SGD or SAM/ASAM on (x, y), in place on ``model`` (docs/algorithms.md, written out here)."""
     c = config.client
     params = list(model.parameters())
     optimizer = torch.optim.SGD(

@@ -138,7 +138,7 @@ def train_stacked(
     server_round: int,
     use_sam: bool,
 ) -> None:
-    """Local training of K stacked clients in place on ``params`` (name → K×...), SPEC §3.
+    """Local training of K stacked clients in place on ``params`` (name → K×...), as docs/algorithms.md states it.
 
     Step s trains the first ``active[s]`` clients on ``x[index[s, :k]]`` with sample weights ``weight[s, :k]``:
     SGD with momentum and weight decay as ``torch.optim.SGD`` (buf ← μ·buf + g + λw, w ← w − η·buf), with the

@@ -1,4 +1,4 @@
-"""The GPU's compute limit for a cohort round, and where a worker's round goes (issue 34).
+"""The GPU's compute limit for a cohort round, and where a worker's round goes (the captured engine).
 
 ``python -m bench.captured_step [--clients K] [--samples N] [--epochs E] [--optimizer sgd|sam|asam]
 [--data-dir DIR] [--profile] --out result.json`` on a CUDA machine. For K clients of N real Fashion-MNIST images

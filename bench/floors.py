@@ -1,4 +1,4 @@
-"""The least a round or a startup can take on this machine (issue 22): limits and floors for bench/peer.py.
+"""The least a round or a startup can take on this machine: limits and floors for bench/peer.py.
 
 * **Compute limit** (:func:`compute_limit`): the run's own local step (SGD, or SAM's two passes) on a fixed
   batch of the run's size, on one thread in a fresh process, timed over many steps; a round's limit is its

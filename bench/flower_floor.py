@@ -1,4 +1,4 @@
-"""The least any app on Flower's simulation engine takes to its first local step (issue 22).
+"""The least any app on Flower's simulation engine takes to its first local step.
 
 ``python -m bench.flower_floor BACKEND_CONFIG_JSON NODES WORKERS OUT_JSON [app|flower]`` runs Flower's
 ``run_simulation`` with the app's backend config (its ``ray.init`` arguments and client resources) and ``NODES``

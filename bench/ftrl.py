@@ -1,4 +1,4 @@
-"""FTRL section of the benchmark (issue 33): the cost of the four arms of conf/experiment/dp_ftrl.yaml on the CPU
+"""FTRL section of the benchmark: the cost of the four arms of conf/experiment/dp_ftrl.yaml on the CPU
 scale (``+scale=cpu privacy.target_epsilon=4``, one Hydra run each, evaluation only after the last round).
 
 Per arm: s/round (median over rounds 3..T−1, the interval between consecutive rounds' records, as P2 measures the

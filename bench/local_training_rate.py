@@ -1,4 +1,4 @@
-"""How close local training comes to the bare step, without any framework (issue 22, docs/performance.md).
+"""How close local training comes to the bare step, without any framework (docs/performance.md).
 
 ``python -m bench.local_training_rate [--clients 20] [--repeats 3]``: in one process on one thread (BLAS pinned,
 freed memory kept as in the app's workers), samples/s of

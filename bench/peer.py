@@ -1,4 +1,4 @@
-"""The app against its peer and against the machine's limits, side by side in one invocation (issue 22).
+"""The app against its peer and against the machine's limits, side by side in one invocation.
 
 * **The limits and floors** (bench/floors.py): the compute limit, the workload floor, and Ray's and Flower's
   engine floors to the first local step and for a round. On a GPU: the whole round on one device is bounded

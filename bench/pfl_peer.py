@@ -1,4 +1,4 @@
-"""The peer in the benchmark (issue 22): the app's run replayed in pfl-research (Apple; PyPI ``pfl``).
+"""The peer in the benchmark: the app's run replayed in pfl-research (Apple; PyPI ``pfl``).
 
 ``python -m bench.pfl_peer [hydra overrides] --rounds T --out DIR [--procs P] [--check]``
 

@@ -1,4 +1,4 @@
-"""Where a round's time goes on the server's side (issue 22, docs/performance.md "Where a P2 DP-FedAvg round goes").
+"""Where a round's time goes on the server's side (docs/performance.md "Where a P2 DP-FedAvg round goes").
 
 ``python -m bench.round_split [--out FILE] [OVERRIDE ...]`` runs the app's Hydra entry point in this process
 (``python -m apps.main OVERRIDE ...``; default: the P2 config, DP-FedAvg, 30 rounds) with timers around the run

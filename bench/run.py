@@ -1,4 +1,4 @@
-"""Benchmark harness (issues 5, 12, 22, 33): ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4,PEER,GPU]``;
+"""Benchmark harness: ``python -m bench [--quick] [--out DIR] [--only P1,P2,P3,P4,PEER,GPU]``;
 ``--only FTRL`` (not in the default set) adds the DP-FTRL arms' cost.
 
 Writes ``results.json`` and ``results.md`` into ``--out`` (default ``bench/results/<timestamp>/``). Every
@@ -21,7 +21,7 @@ comparison is a ratio of two measurements taken side by side in this one invocat
   workers) for M = 100, 500, 5000 clients at the same number of clients per round. Targets: ≤ 3 GB at the
   default M = 500, largest / smallest ≤ 1.2.
 * **P4 accounting** — seconds to compute ε after T = 300 rounds (RDP, PRV, PLD) and to calibrate σ for a target ε.
-* **PEER** (``--peer pfl``; issue 22) — the app against pfl-research and the machine's compute limit, for
+* **PEER** (``--peer pfl``) — the app against pfl-research and the machine's compute limit, for
   DP-FedAvg and DP-FedSAM on the P2 config (bench/peer.py): s/round, command → first local step and peak RSS of
   every process of the app (its CPU default) and of pfl (P one-thread ``torchrun`` workers replaying the app's
   clients, mini-batches, initial weights and local step, bench/pfl_peer.py), each run twice (``--peer-repeats``),
@@ -41,7 +41,7 @@ comparison is a ratio of two measurements taken side by side in this one invocat
   the batched loop; each of three sharing runs ≤ 1.5× its time alone. ``--gpu-rounds`` (default 6; the sharing
   runs do max(2×, 12) so that their steady rounds overlap) keeps it within about 8 minutes on one H100; pass the
   data with ``--data-dir`` (and any other override with ``--set KEY=VALUE``).
-* **FTRL** (``--only FTRL``; not in the default set; issue 33, bench/ftrl.py) — the cost of the four arms of
+* **FTRL** (``--only FTRL``; not in the default set; bench/ftrl.py) — the cost of the four arms of
   conf/experiment/dp_ftrl.yaml (dp_fedavg, dp_fedavg_unamplified, dp_ftrl_fedavg, dp_ftrl_fedsam) at
   ``+scale=cpu privacy.target_epsilon=4``, one run each of ``--ftrl-rounds`` (default 6) rounds, evaluation only
   after the last: s/round (median over rounds 3..T−1, as P2) and its ratio to dp_fedavg's, peak RSS of every
@@ -70,7 +70,7 @@ import torch
 from bench.processes import ROOT, THREAD_ENV, PeakRSSMonitor, kill_processes_mentioning, run_env, simulation_superlink
 from fl_app.metrics import read_metrics
 
-#: The compute-bound steady-state config (issue 5): paper CNN, Fashion-MNIST, 20 clients a round (fixed-size
+#: The compute-bound steady-state config: paper CNN, Fashion-MNIST, 20 clients a round (fixed-size
 #: sampling, so every round has exactly 20), 1 local epoch, batch 32, DP-FedSAM; evaluation only after the last
 #: round, which the steady-state window leaves out.
 P2_OVERRIDES = [
@@ -179,7 +179,7 @@ def _app_round_seconds(records: list[dict[str, Any]]) -> list[float]:
 #: loops' only BLAS work is the float64 norm of each clip), OpenMP's default 1; torch's thread count is set
 #: explicitly by each contender (Ray gives each ClientApp client_cpus threads, the loop takes --threads).
 P2_STRATEGIES = ("dp_fedavg", "dp_fedsam")
-#: (target, bound): the fair CPU comparison's targets (issue 12).
+#: (target, bound): the fair CPU comparison's targets (docs/performance.md, "The app against its own reference loops").
 P2_TARGETS = {"ratio_cohort_over_parallel": 1.10, "ratio_cohort_over_loop": 0.85}
 
 
@@ -399,7 +399,7 @@ def p4_accounting() -> dict[str, Any]:
     return result
 
 
-#: The papers' scale on one GPU (issue 12): Fashion-MNIST's first 20k training images over M = 167 clients (about
+#: The papers' scale on one GPU: Fashion-MNIST's first 20k training images over M = 167 clients (about
 #: 120 images each), q = 0.3 (about 50 clients a round, Poisson), +scale=paper: 30 local epochs of batch 32, ASAM
 #: ρ = 0.5, C = 0.2, σ = 0.95, DP-FedSAM; evaluation only after the last round (outside the measured window).
 GPU_OVERRIDES = [
@@ -416,14 +416,14 @@ GPU_APP_RUNS = {
     "app_per_client": ["simulation.cohort_size=1", "simulation.client_gpus=0.1"],
     "app_cohort_gpus_1": ["simulation.cohort_size=auto", "simulation.client_gpus=1"],
     "app_cohort_gpus_0.5": ["simulation.cohort_size=auto", "simulation.client_gpus=0.5"],
-    # Issue 34: cohort mode with the step captured as a CUDA graph, data resident, clip and sum on the GPU.
+    # The captured engine: cohort mode with the step captured as a CUDA graph, data resident, clip and sum on the GPU.
     "app_cohort_captured": [
         "simulation.cohort_size=auto", "simulation.client_gpus=1", "simulation.cohort_engine=captured"
     ],
 }  # fmt: skip
 GPU_TARGETS = {
     "cohort_round_s": 1.5, "ratio_cohort_over_batched": 1.3, "ratio_shared_over_alone": 1.5,
-    # issue 34: the captured round, and its ratios to the captured step's limit and to the batched loop
+    # the captured engine's targets: the captured round, its ratios to the step's limit and to the batched loop
     "captured_round_s": 0.5, "ratio_captured_over_limit": 1.3, "ratio_captured_over_batched": 1.0,
 }  # fmt: skip
 #: The captured step's limit is measured for a round of this many clients of this many images (the GPU overrides'

@@ -1,4 +1,4 @@
-"""The vectorized cohort engine with each local step launched once: a CUDA graph per step shape (issue 34).
+"""The vectorized cohort engine with each local step launched once: a CUDA graph per step shape.
 
 :mod:`clients.vectorized` runs a cohort's local step (forward, backward, SAM's ascent and second pass, the SGD
 update, the tally) as a few hundred small kernels launched one after another from Python. On a GPU that launch

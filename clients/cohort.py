@@ -1,4 +1,4 @@
-"""Cohort training (issue 12): one train message makes a worker train several sampled clients.
+"""Cohort training (docs/running.md, "Cohort mode"): one train message makes a worker train several sampled clients.
 
 The server (strategies/base.py) hands each worker a cohort of sampled partitions in one message instead of one
 partition per message. The worker trains them with one of two engines:

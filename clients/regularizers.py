@@ -1,18 +1,18 @@
 """Local-objective regularisers added to a client's loss through ``train_local(..., extra_loss=...)``.
 
 BLUR — bounded local update regularization (Cheng, Wang, Zhang, Cheng, CVPR 2022, arXiv 2203.03106), as defined
-in SPEC_BASELINES.md ("BLUR") and SPEC.md §6. The local objective becomes F_i(w) + R(w) with
+in docs/algorithms.md ("Definitions of the baselines"). The local objective becomes F_i(w) + R(w) with
 
     R(w) = (λ/2) · max(0, ‖w − w^t‖ − C)²
 
 over the whole flattened model (w^t the round's global model, C the client-level clipping bound, λ = ``blur_coef``).
 Its gradient is λ · (‖Δ‖ − C) · Δ/‖Δ‖ when ‖Δ‖ > C and 0 otherwise (Δ = w − w^t): it pulls the local model back
-towards the clipping ball, so that clipping (SPEC §2) discards less of the update.
+towards the clipping ball, so that clipping (docs/mechanisms.md, 2) discards less of the update.
 
 The penalty is a differentiable tensor: a public implementation computes it through ``.item()``, which cuts it
 from the autograd graph and makes it a no-op. C must be the fixed clipping hyperparameter, never derived from the
-data (that would break the DP guarantee). Nothing here adds noise or clips; the update then goes through §2.
-"""
+data (that would break the DP guarantee). Nothing here adds noise or clips; the update then goes through the
+client-level Gaussian mechanism (docs/mechanisms.md, 2–4). """
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _check_hyper(clip_norm: float, coef: float) -> None:
 
 def blur_penalty(model: nn.Module, reference: Sequence[torch.Tensor], clip_norm: float, coef: float) -> torch.Tensor:
     """R(w) = (coef/2) · max(0, ‖w − w^t‖ − C)², differentiable w.r.t. the model's parameters (as defined in
-    SPEC_BASELINES.md, "BLUR").
+    docs/algorithms.md, "Definitions of the baselines").
 
     Args:
         model: its parameters with ``requires_grad``, in ``model.parameters()`` order, form w.

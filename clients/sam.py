@@ -13,10 +13,10 @@ Minimization for Scale-Invariant Learning of Deep Neural Networks", with the ele
 
     e   = ρ · T_w² g / ‖T_w g‖ = ρ · (w² ⊙ g) / ‖ |w| ⊙ g ‖
 
-ASAM is off by default (SPEC §3: the paper describes plain SAM; the released code only enables ASAM through an
-argparse bug). The interface follows the widely used davda54/sam layout (``first_step`` /
-``second_step`` / ``step(closure)``), but the state handling differs: the pre-perturbation weights are stored
-and copied back, and ``state_dict`` carries the base optimizer's state (e.g. momentum buffers).
+ASAM is off by default (docs/algorithms.md: the paper describes plain SAM; the released code only enables ASAM through
+an argparse bug). The interface follows the widely used davda54/sam layout (``first_step`` / ``second_step`` /
+``step(closure)``), but the state handling differs: the pre-perturbation weights are stored and copied back, and
+``state_dict`` carries the base optimizer's state (e.g. momentum buffers).
 
 This module knows nothing about differential privacy or federated learning.
 """

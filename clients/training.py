@@ -1,21 +1,20 @@
 """Local training loop of a federated client: SGD or SAM/ASAM over E epochs of the client's data.
 
-SPEC §3. Local optimizer: SGD with momentum 0.5, weight decay 5e-4 and a per-round decayed learning rate
-η_t = η · decay^(t−1) (released DP-FedSAM code), or SAM (DP-FedSAM journal Eqs. 8–9; Foret et al., 2021) /
-ASAM (Kwon et al., 2021) wrapped around that SGD, with two forward/backward passes per step on the same batch
-and BatchNorm statistics frozen during the perturbed pass. K = E · ⌈n/B⌉ local steps (the last partial batch
-included), optionally capped by ``max_steps``.
+docs/algorithms.md, "Local training". Local optimizer: SGD with momentum 0.5, weight decay 5e-4 and a per-round decayed
+learning rate η_t = η · decay^(t−1) (released DP-FedSAM code), or SAM (DP-FedSAM journal Eqs. 8–9; Foret et al., 2021) /
+ASAM (Kwon et al., 2021) wrapped around that SGD, with two forward/backward passes per step on the same batch and
+BatchNorm statistics frozen during the perturbed pass. K = E · ⌈n/B⌉ local steps (the last partial batch included),
+optionally capped by ``max_steps``.
 
-SPEC §2: a client whose loss turns non-finite stops at once and reports ``diverged=True`` so the caller can
-report failure instead of sending a NaN update.
+Divergence (docs/mechanisms.md, 5): a client whose loss turns non-finite stops at once and reports ``diverged=True`` so
+the caller can report failure instead of sending a NaN update.
 
 Nothing here knows about differential privacy: clipping and noise happen on the update, elsewhere.
 
 Also the local procedure of Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Alg. 1, Eqs. 2 and 4;
-SPEC_BASELINES.md): :func:`train_local_noisy` runs K plain-SGD steps with the minibatch gradient clipped to V and
-a scheduled step size :func:`noisy_step_lr`. The Gaussian noise it is released with (w_{i,K,t} + N(0, σ²I)) is
-added by the caller, not here.
-"""
+docs/algorithms.md, "Definitions of the baselines"): :func:`train_local_noisy` runs K plain-SGD steps with the minibatch
+gradient clipped to V and a scheduled step size :func:`noisy_step_lr`. The Gaussian noise it is released with (w_{i,K,t}
++ N(0, σ²I)) is added by the caller, not here. """
 
 from __future__ import annotations
 
@@ -67,7 +66,7 @@ class LocalTrainingResult:
 
 
 def local_lr(base_lr: float, lr_decay: float, server_round: int) -> float:
-    """η_t = η · decay^(t−1) for server round t ≥ 1 (SPEC §3, released code's per-round decay).
+    """η_t = η · decay^(t−1) for server round t ≥ 1 (docs/algorithms.md; the released code's per-round decay).
 
     Exponent t − 1 so that round 1 (Flower numbers rounds from 1) trains with the configured η.
     """
@@ -140,7 +139,7 @@ def train_local(
     device: torch.device,
     extra_loss: ExtraLoss | None = None,
 ) -> LocalTrainingResult:
-    """Train ``model`` in place on (x, y) for E epochs of ⌈n/B⌉ mini-batches each (SPEC §3).
+    """Train ``model`` in place on (x, y) for E epochs of ⌈n/B⌉ mini-batches each (docs/algorithms.md).
 
     Args:
         model: the network; moved to ``device`` in its compute layout (:func:`fl_app.models.to_compute_layout`)
@@ -228,7 +227,7 @@ def train_local(
                     perturbed_loss.backward()
                 finite = finite & torch.isfinite(perturbed_loss)
             # Checked every step, before the weights move: stopping at once keeps the model at its last finite
-            # weights (SPEC §2). This costs one host sync per step, which is negligible next to a client's
+            # weights (docs/mechanisms.md, 5). This costs one host sync per step, which is negligible next to a client's
             # handful of local steps; deferring it would let NaN reach the weights and momentum buffers.
             if not bool(finite):
                 if sam is not None:
@@ -310,7 +309,7 @@ def train_local_noisy(
     dropped and a fresh permutation is drawn. So every minibatch has exactly b distinct samples (uniformly
     without replacement), consecutive minibatches of one pass are disjoint, and K does not depend on n.
 
-    Divergence (SPEC §2, same semantics as :func:`train_local`): if the loss, or the norm of the minibatch
+    Divergence (docs/mechanisms.md, 5; same semantics as :func:`train_local`): if the loss, or the norm of the minibatch
     gradient, is non-finite, training stops before moving the weights and the result has ``diverged=True``,
     ``loss`` NaN and ``num_steps`` equal to the steps taken; weights that overflow on a finite step are
     reported as diverged too.
@@ -369,7 +368,7 @@ def train_local_noisy(
             finite = torch.isfinite(data_loss) & torch.isfinite(grad_norm)
         else:
             g, grad_norm, finite = [], torch.zeros((), device=device), torch.isfinite(data_loss)
-        # One host sync per step, before the weights move (SPEC §2), as in train_local.
+        # One host sync per step, before the weights move (docs/mechanisms.md, 5), as in train_local.
         if not bool(finite):
             diverged = True
             break

@@ -3,10 +3,10 @@
 The same local procedures as :mod:`clients.training`, run for a whole cohort of clients in one batched
 computation instead of one client after another — the way to fill a GPU with a round of small clients:
 
-* :func:`train_stacked` — SPEC §3: E epochs of ⌈n_i/B⌉ mini-batches (``max_steps`` caps K_i), SGD with momentum,
-  weight decay and the round's learning rate η_t, or SAM / ASAM around it (journal Eqs. 8–9; two gradients on
-  the same batch, the step taken from the unperturbed weights), optionally with a regulariser such as BLUR
-  (both SAM passes, as :func:`clients.training.train_local` adds ``extra_loss``);
+* :func:`train_stacked` — docs/algorithms.md, "Local training": E epochs of ⌈n_i/B⌉ mini-batches (``max_steps`` caps
+  K_i), SGD with momentum, weight decay and the round's learning rate η_t, or SAM / ASAM around it (journal Eqs. 8–9;
+  two gradients on the same batch, the step taken from the unperturbed weights), optionally with a regulariser such as
+  BLUR (both SAM passes, as :func:`clients.training.train_local` adds ``extra_loss``);
 * :func:`train_stacked_noisy` — the Noisy-FedAvg / Noisy-FedProx local steps (seed 004 App. B Alg. 1): K plain
   SGD steps, the minibatch gradient clipped to V on the global norm, the prox term after clipping.
 
@@ -22,10 +22,10 @@ still training at step s are a prefix of the stack and step s computes only thos
 batch is the short last batch of its epoch gets its batch padded to the step's width with zero-weight samples
 (the loss is the weighted mean over its real samples, so its gradient is exactly its own batch's).
 
-Divergence (SPEC §2), with the per-client path's rules: a client whose loss (either SAM pass; for the noisy steps
-also the gradient norm) turns non-finite stops at its last weights — its later steps are computed but never
-applied — and is reported ``diverged`` alone; so is one whose weights turned non-finite on a step with a finite
-loss. The others are untouched. Nothing syncs with the host inside the loop.
+Divergence (docs/mechanisms.md, 5), with the per-client path's rules: a client whose loss (either SAM pass; for the
+noisy steps also the gradient norm) turns non-finite stops at its last weights — its later steps are computed but never
+applied — and is reported ``diverged`` alone; so is one whose weights turned non-finite on a step with a finite loss.
+The others are untouched. Nothing syncs with the host inside the loop.
 
 Models with buffers (BatchNorm running statistics) are refused: their per-client statistics would need a
 per-client train-mode state that vmap does not give. GroupNorm models (no buffers) work. Nothing here knows about
@@ -281,7 +281,8 @@ def local_step(
     reference: Params,
     tally: _Tally,
 ) -> None:
-    """One local step of the first k clients of the stack, in place (SPEC §3; journal Eqs. 8–9 for SAM / ASAM).
+    """One local step of the first k clients of the stack, in place (docs/algorithms.md; journal Eqs. 8–9 for SAM /
+    ASAM).
 
     ``p`` / ``momentum`` are the clients' views (dim 0 = client), ``xb`` / ``yb`` / ``weight`` their padded batches
     (k × width), ``reference`` the round's global weights (the regulariser's). A client whose loss (either SAM pass)

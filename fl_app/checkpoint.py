@@ -5,9 +5,13 @@ leaves either the previous checkpoint or the new one, never a torn file. It hold
 checkpointed round, the strategy's state (accountant history, or the rounds of a GDP bound, and the previous global
 model where a strategy needs it) and the config the run was started with.
 
-Random state: every draw of a simulation is a pure function of (seed, round, purpose[, client])
-(``fl_app.instructions`` streams), so a resumed round draws exactly what the interrupted one would have, and no
-generator state needs saving; deployment noise comes from the OS CSPRNG, which has none either.
+Random state: no generator state is saved. Under seeded randomness every draw is a pure function of
+(seed, round, purpose[, client]) (``fl_app.instructions`` streams), so a resumed round draws exactly what the
+interrupted one did. Under secure randomness draws come from the OS CSPRNG and cannot be replayed, so the strategy's
+state keeps what a resume needs instead: the keys drawn once at the start (the canary audit's ``audit_key``,
+DP-FTRL's ``participation_key``), DP-FTRL's participation record and noise buffers, and the randomness the checkpoint
+was made with (``randomness``); rounds re-run after it are new releases (docs/running.md, "Checkpoints";
+docs/PRIVACY.md, 2). The ``"rng"`` note written into the file describes the seeded case only.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ STREAM_PARTICIPATION_GROUPS = 8
 
 @dataclass(frozen=True)
 class LocalTrainingConfig:
-    """Hyper-parameters of one client's local training (SPEC §3 defaults)."""
+    """Hyper-parameters of one client's local training (defaults: docs/algorithms.md, "Local training")."""
 
     epochs: int
     batch_size: int
@@ -74,7 +74,7 @@ class LocalTrainingConfig:
 
 @dataclass(frozen=True)
 class NoisyLocalConfig:
-    """Local hyper-parameters of Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Alg. 1; SPEC_BASELINES.md).
+    """Local hyper-parameters of Noisy-FedAvg / Noisy-FedProx (seed 004, App. B Alg. 1; docs/algorithms.md).
 
     ``steps`` is K (local steps per round, independent of the client's data size), ``lr`` the paper's constant μ
     in the step size η_{k,t} (see :func:`noisy_step_lr`; not the GDP μ of the privacy bound), ``grad_clip`` the
@@ -160,7 +160,7 @@ class TrainInstructions:
     # Exactly one of the two local procedures is set.
     training: LocalTrainingConfig | None
     noisy_training: NoisyLocalConfig | None
-    # client-side mechanism (SPEC §2): clip_norm 0 = no clipping (non-private references)
+    # client-side mechanism (docs/mechanisms.md, 2 and 4): clip_norm 0 = no clipping (non-private references)
     clip_norm: float
     add_noise: bool
     noise_multiplier: float
@@ -338,7 +338,7 @@ class FlowerReply:
 
 
 def local_training_config(config: AppConfig, optimizer: LocalOptimizer) -> LocalTrainingConfig:
-    """The standard local procedure (SPEC §3) from the client config, with the strategy's optimizer."""
+    """The standard local procedure (docs/algorithms.md) from the client config, with the strategy's optimizer."""
     c = config.client
     return LocalTrainingConfig(
         epochs=c.local_epochs,

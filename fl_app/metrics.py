@@ -1,7 +1,8 @@
 """Per-round metrics: one JSON line per round (``metrics.jsonl``), run metadata (``run.json``), and a progress line.
 
-The record's fields are listed in :data:`ROUND_FIELDS`; the norm statistics follow SPEC §2 (pre-clip ‖Δ‖ mean,
-median, max, ᾱ and α̃ of journal Eq. 18, fraction clipped) and feed the norm histogram of journal Fig. 4.
+The record's fields are listed in :data:`ROUND_FIELDS` (and in docs/running.md, "Metrics"); the norm statistics
+(pre-clip ‖Δ‖ mean, median, max, ᾱ and α̃ of journal Eq. 18, fraction clipped) feed the norm histogram of journal
+Fig. 4.
 """
 
 from __future__ import annotations

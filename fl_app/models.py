@@ -1,4 +1,4 @@
-"""Models and flat weight exchange (SPEC §8 "Models").
+"""Models and flat weight exchange (docs/running.md, "Data and models").
 
 - :class:`CNN`: the paper CNN for 28×28 grey images — conv5×5 (in→32), ReLU, maxpool 2, conv5×5 (32→64),
   ReLU, maxpool 2, FC→512, ReLU, FC→classes. Padding 2 keeps 28→28→14→14→7, so the first FC is 64·7·7→512;
@@ -46,7 +46,7 @@ __all__ = [
 
 
 class CNN(nn.Module):
-    """Paper CNN (SPEC §8), ``CNN_OriginalFedAvg`` layout; expects ``N×in_channels×image_size×image_size``."""
+    """Paper CNN (module docstring), ``CNN_OriginalFedAvg`` layout; expects ``N×in_channels×image_size×image_size``."""
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ if [ "${1:-}" != "--report" ]; then
     rm -rf "multirun/$table"
     "$PY" -m apps.main --multirun "+experiment=$table" +scale=cpu +launcher=parallel "hydra.sweep.dir=multirun/$table"
   done
-  # SPEC §9's hypothesis: SAM's benefit needs many local epochs. The ablation preset at E = 10 only (E = 2 is Table IV).
+  # SAM is expected to help only with many local epochs (docs/results.md). The ablation preset at E = 10 only (E = 2 is Table IV).
   rm -rf multirun/ablation_epochs_e10
   "$PY" -m apps.main --multirun +experiment=ablation_epochs +scale=cpu +launcher=parallel client.local_epochs=10 \
     hydra.sweep.dir=multirun/ablation_epochs_e10

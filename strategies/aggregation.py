@@ -1,4 +1,4 @@
-"""Steps 5-6 of the round over its replies (strategies/base.py numbers the steps; SPEC §2, §7).
+"""Steps 5-6 of the round over its replies (strategies/base.py numbers the steps; docs/mechanisms.md, 3–6).
 
 :class:`RoundReplies` takes every reply once, as it arrives: binds it to the message it answers
 (:meth:`RoundPlan.bind`), screens it (strategies/screening.py), has the strategy admit what passed (the round's mask,
@@ -43,6 +43,8 @@ class RoundReplies:
     def __init__(self, plan: RoundPlan, admit: Admit, reject: RejectionLog) -> None:
         self.plan, self.admit, self.reject = plan, admit, reject
         self.counts = dict.fromkeys(REJECTION_KINDS, 0)
+        #: The first reason given for each kind of rejection (what an empty round's warning names).
+        self.first_reason: dict[str, str] = {}
         self.received = 0
         self.reclipped = 0
         # (first partition id, an update or a cohort's sum, the number of client updates in it)
@@ -56,13 +58,15 @@ class RoundReplies:
             ids = plan.bind(reply)
             if ids is None:
                 self.counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
-                self.reject(plan.server_round, "malformed", "not the first answer to a message of this round from "
-                            "the node it went to")  # fmt: skip
+                reason = "not the first answer to a message of this round from the node it went to"
+                self.first_reason.setdefault("malformed", reason)
+                self.reject(plan.server_round, "malformed", reason)
                 continue
             self.received += len(ids)
             kind, screened = screen(plan, reply, ids)
             if not isinstance(screened, Contribution):
                 self.counts[kind] += len(ids)
+                self.first_reason.setdefault(kind, screened)
                 self.reject(plan.server_round, kind, screened)
                 continue
             for rejection, pids in screened.rejections.items():
@@ -75,6 +79,18 @@ class RoundReplies:
             self.contributions.append((screened.clients[0][0], total, len(screened.clients)))
             self.clients.extend(screened.clients)
         self.clients.sort(key=lambda item: item[0])  # partition order, whatever order the replies came in
+
+    def causes(self) -> dict[str, str]:
+        """Why the sampled clients' updates were not accepted: {kind: how many, and the first reason given}."""
+        causes: dict[str, str] = {}
+        unanswered = self.plan.sampled - self.received
+        if unanswered > 0:
+            causes["unanswered"] = f"{unanswered} client(s) sent no reply before round_timeout"
+        for kind, count in self.counts.items():
+            if count:
+                example = f", e.g. {self.first_reason[kind]}" if kind in self.first_reason else ""
+                causes[kind] = f"{count} client(s){example}"
+        return causes
 
     def add_canaries(self, first_id: int, canaries: list[tuple[int, list[np.ndarray]]]) -> None:
         """The audit's admitted canaries, as ids ``first_id + i`` after every real client, adding nothing to the

@@ -1,6 +1,6 @@
 """The round skeleton shared by every strategy: a custom Flower (Message API) strategy.
 
-Privacy pipeline, in this order, every round t (SPEC §1, §2, §7; journal Alg. 1):
+Privacy pipeline, in this order, every round t (journal Alg. 1; docs/mechanisms.md states each step):
 
 1. **Budget guard** — if one more round would take ε above ``privacy.max_epsilon``, stop *before* it.
 2. **Sample** — clients (partition ids) drawn from the population of M by Poisson(q) or fixed-size m = qM
@@ -71,6 +71,7 @@ from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
 from strategies.clipping import ClipNorm, clip_norm_for
 from strategies.cohorts import balance_cohorts, cohort_count, local_work
+from strategies.empty_rounds import EmptyRoundWatch
 from strategies.guarantee import Guarantee
 from strategies.noise import update_noise_multiplier
 from strategies.observers import RoundObserver
@@ -202,6 +203,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         # Whether prepare_run() has run (settings, nodes, audit: once, before the first message).
         self._prepared = False
         self.stop_reason: str | None = None
+        #: Consecutive rounds in which nobody's update was accepted: the run fails after ``max_empty_rounds``.
+        self.empty_rounds = EmptyRoundWatch(config.max_empty_rounds)
         #: The run's releases (strategies/releasing.py): the write-ahead log in ``checkpoint_dir`` (none without one);
         #: seeded until resolve_settings() knows the run's randomness.
         self.releases = RunReleases(self.checkpoint_dir, self.private, seeded=True)
@@ -302,7 +305,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         first mask)."""
         return False
 
-    # ----- sampling (SPEC §1) ---------------------------------------------------------------------------------
+    # ----- sampling (docs/mechanisms.md, 1) -------------------------------------------------------------------
 
     def round_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
         """The server's draws of a round (sampling, masks): strategies/randomness.py."""
@@ -318,7 +321,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         return update_noise_multiplier(self.config, self.statistics, self.clipping)
 
     def sample(self, population: int, server_round: int, rng: mech.RandomSource) -> np.ndarray:
-        """Round ``server_round``'s sampler (SPEC §1), for the real clients and the audit's canaries alike."""
+        """Round ``server_round``'s sampler (docs/mechanisms.md, 1), for the real clients and the canaries alike."""
         return self.randomness.sample(population, rng)
 
     def sample_clients(self, server_round: int) -> np.ndarray:
@@ -422,6 +425,10 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         in_flight.taken.take(replies)
         outcome = self.aggregate_taken(in_flight.taken)
         self._release(in_flight, outcome)
+        # After the release is logged and accounted: a run in which nobody trains fails, with its ε stated.
+        taken = in_flight.taken
+        causes = taken.causes() if self.statistics.publishes_raw else None
+        self.empty_rounds.observe(server_round, taken.plan.sampled, int(outcome.stats.get("aggregated", 0)), causes)
         published = {k: v for k, v in outcome.published.items() if isinstance(v, (int, float))}
         return ArrayRecord(outcome.new_weights), MetricRecord(published)
 
@@ -447,7 +454,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         seeded repeat of a logged round too): what a strategy records of who took part (DP-FTRL's participation
         record)."""
 
-    # ----- cohort mode (issue 12) ---------------------------------------------------------------------------
+    # ----- cohort mode --------------------------------------------------------------------------------------
 
     def cohort_count(self, num_sampled: int) -> int:
         """How many cohort messages carry this round's clients (0 = one message per client)."""
@@ -467,7 +474,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        # Evaluation is central (global test set on the server, SPEC §8); clients only train.
+        # Evaluation is central (global test set on the server, docs/running.md "Metrics"); clients only train.
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

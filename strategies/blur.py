@@ -1,4 +1,5 @@
-"""DP-FedAvg-blur and DP-FedAvg-blurs (Cheng, Wang, Zhang, Cheng, CVPR 2022), as defined in SPEC_BASELINES.md.
+"""DP-FedAvg-blur and DP-FedAvg-blurs (Cheng, Wang, Zhang, Cheng, CVPR 2022), as defined in docs/algorithms.md
+("Definitions of the baselines").
 
 * blur — the local objective gains R(w) = (λ/2)·max(0, ‖w − w^t‖ − C)² (differentiated through autograd,
   ``clients/regularizers.py``; λ = ``strategy.blur_coef``), which keeps the update inside the clipping ball.

@@ -1,5 +1,5 @@
-"""DP-FedAvg (McMahan et al., ICLR 2018): local SGD, then the client-level Gaussian mechanism of SPEC §2
-(journal Eqs. 10–11) with uniform, fixed-denominator aggregation."""
+"""DP-FedAvg (McMahan et al., ICLR 2018): local SGD, then the client-level Gaussian mechanism of
+docs/mechanisms.md, 2–4 (journal Eqs. 10–11) with uniform, fixed-denominator aggregation."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """DP-FedSAM (Shi et al., CVPR 2023; journal version Alg. 1 option I): local SAM (journal Eqs. 8–9) so the local
-models are flatter and survive clipping and noise better, then the client-level Gaussian mechanism of SPEC §2
-(journal Eqs. 10–11)."""
+models are flatter and survive clipping and noise better, then the client-level Gaussian mechanism of
+docs/mechanisms.md, 2–4 (journal Eqs. 10–11)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """DP-FedSAM-topk (journal Alg. 1 option II, Eq. 12): DP-FedSAM whose noisy update keeps only the per-layer top-k
 coordinates (k_l = ⌈p·d_l⌉), which removes most of the noise energy.
 
-Where the mask is computed decides what the accountant covers (SPEC §5):
+Where the mask is computed decides what the accountant covers (docs/algorithms.md):
 
 * ``placement=server`` (default), ``mask_source=noisy`` — the server takes the per-layer top-k of the *noised
   average*: post-processing of exactly the output the accountant analyses, so ε holds.

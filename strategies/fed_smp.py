@@ -1,6 +1,6 @@
 """Fed-SMP (Hu, Gong, Guo, "Federated Learning with Sparsified Model Perturbation"), as defined in
-SPEC_BASELINES.md: local SGD, a per-layer sparsification mask (k_l = ⌈p·d_l⌉), clipping, and Gaussian noise on the
-kept coordinates only.
+docs/algorithms.md ("Definitions of the baselines"): local SGD, a per-layer sparsification mask (k_l = ⌈p·d_l⌉),
+clipping, and Gaussian noise on the kept coordinates only.
 
 * Fed-SMP-randk — the server draws one random mask per round from its public round stream and sends it to every
   sampled client; it does not depend on any data, so the round is accounted exactly like DP-FedAvg (the gain is

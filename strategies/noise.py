@@ -1,5 +1,5 @@
-"""The noise multiplier of a round's update (SPEC §7): configured, or calibrated to ``privacy.target_epsilon``, then
-shared with whatever else the round releases.
+"""The noise multiplier of a round's update (docs/mechanisms.md, 6–7): configured, or calibrated to
+``privacy.target_epsilon``, then shared with whatever else the round releases.
 
 The configured (or calibrated) multiplier z is the one the ledger composes for everything a round releases. When a
 round also releases a noisy count, the update gets what the count leaves: σ_Δ = (z⁻² − σ_s⁻²)^(−1/2) for the noisy

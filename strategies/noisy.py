@@ -1,5 +1,5 @@
 """Noisy-FedAvg and Noisy-FedProx with their convergent f-DP bound (seed 004: Eqs. 2 and 4, App. B Alg. 1;
-Thms 3 and 4), as defined in SPEC_BASELINES.md.
+Thms 3 and 4), as defined in docs/algorithms.md ("Definitions of the baselines").
 
 Clients run K local SGD steps with every minibatch gradient clipped to V (FedProx adds α(w − w_t)) and upload
 their model plus N(0, σ² I) with an **absolute** σ (``strategy.noise_std``); the server averages the noisy models

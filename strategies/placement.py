@@ -1,5 +1,5 @@
-"""Where the Gaussian noise of the round is added (``privacy.placement``; journal Eq. 11, SPEC §2): a choice of
-object, not a flag tested across the round.
+"""Where the Gaussian noise of the round is added (``privacy.placement``; journal Eq. 11, docs/mechanisms.md, 4): a
+choice of object, not a flag tested across the round.
 
 Both give the released average the same law N(0, σ²C²/m²) over the fixed denominator m, the one the ledger
 accounts (:func:`fl_app.privacy.mechanisms.gaussian_noise_std`):

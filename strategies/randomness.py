@@ -1,4 +1,5 @@
-"""Where the server's randomness comes from (SPEC §1; docs/PRIVACY.md): the round's sampler, its masks and its noise.
+"""Where the server's randomness comes from (docs/mechanisms.md, 1 and 8; docs/PRIVACY.md): the round's sampler,
+its masks and its noise.
 
 Every draw is the OS CSPRNG when randomness is secure, else a seeded stream ``(seed, round, purpose)``
 (:func:`fl_app.privacy.mechanisms.random_source` decides which, in one place). Noise streams are keyed also by the
@@ -47,9 +48,9 @@ class RunRandomness:
         return secrets.randbits(62) if self.secure else self.seed
 
     def sample(self, population: int, rng: mech.RandomSource) -> np.ndarray:
-        """The round's sampler (SPEC §1) over ``population`` clients: each with probability q (Poisson), or
-        round(q · population) of them uniformly (fixed size). The real clients and the audit's canaries are both
-        drawn by this code, so whatever it does to one it does to the other (docs/audit.md)."""
+        """The round's sampler (docs/mechanisms.md, 1) over ``population`` clients: each with probability q
+        (Poisson), or round(q · population) of them uniformly (fixed size). The real clients and the audit's
+        canaries are both drawn by this code, so whatever it does to one it does to the other (docs/audit.md)."""
         if self.sampling == "fixed":
             return mech.fixed_size_sample(population, round(self.sample_rate * population), rng)
         return mech.poisson_sample(population, self.sample_rate, rng)

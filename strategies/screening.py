@@ -1,6 +1,6 @@
-"""Step 5 of the round: screening a reply bound to one of the round's messages (SPEC §2: nothing a client sends is
-trusted). A reply is classified as ("ok", :class:`~strategies.rounds.Contribution`) or (rejection kind, reason);
-the strategy then admits the contribution (the round's mask, the server's re-clip) and counts the rest.
+"""Step 5 of the round: screening a reply bound to one of the round's messages (nothing a client sends is trusted:
+docs/PRIVACY.md, 4). A reply is classified as ("ok", :class:`~strategies.rounds.Contribution`) or (rejection kind,
+reason); the strategy then admits the contribution (the round's mask, the server's re-clip) and counts the rest.
 
 Two reply formats become the same :class:`Contribution`: ours (:class:`~fl_app.instructions.CohortReply`: a
 cohort's float64 sum of updates, each client's statistics and fate), and Flower's Message-API convention

@@ -422,7 +422,7 @@ def test_a_stored_config_with_every_strategy_s_flat_settings_still_validates() -
     assert upgrade_stored_config(raw) == raw
 
 
-# ----- privacy.noise_stream: the run's noise key (issue 21) ---------------------------------------------------------
+# ----- privacy.noise_stream: the run's noise key --------------------------------------------------------------------
 
 
 def test_noise_stream_defaults_to_shared_and_a_stored_config_without_it_is_shared() -> None:
@@ -457,3 +457,24 @@ def test_noise_key_is_a_pure_function_of_the_config_less_where_the_run_writes() 
 def test_noise_stream_reaches_the_flwr_run_front_door() -> None:
     overrides = overrides_from_run_config({"overrides": "privacy.noise_stream=per_run"})
     assert compose_config(overrides).privacy.noise_stream == "per_run"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "server_lr"),
+    [
+        ([], 1.0),  # FedAvg's server step: eta = 1 is FedAvg itself
+        (["server_optimizer=momentum"], 1.0),
+        (["server_optimizer=adagrad"], 0.1),
+        (["server_optimizer=adam"], 0.01),  # an adaptive step of 1 moves every coordinate by ~1 a round: diverges
+        (["server_optimizer=yogi"], 0.01),
+        (["server_optimizer=adam", "strategy.server_lr=0.5"], 0.5),  # a value given is kept
+        (["strategy=dp_ftrl_fedsam", "server_optimizer=momentum"], 1.0),
+    ],
+)
+def test_the_server_learning_rate_defaults_to_the_optimizers_own(overrides: list[str], server_lr: float) -> None:
+    assert compose_config(overrides).strategy.server_lr == server_lr
+
+
+def test_a_server_learning_rate_must_be_positive_or_null() -> None:
+    with pytest.raises(ConfigError, match=r"strategy\.server_lr"):
+        compose_config(["strategy.server_lr=0"])

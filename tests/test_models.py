@@ -1,4 +1,4 @@
-"""Tests for fl_app.models (SPEC §8 models) and the flat weight exchange."""
+"""Tests for fl_app.models (docs/running.md, "Data and models") and the flat weight exchange."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def test_every_table_and_ablation_has_a_preset() -> None:
 def test_every_preset_composes_at_both_scales(experiment: str, scale: str) -> None:
     config = compose_config([f"+experiment={experiment}", f"+scale={scale}", *_first_job(experiment)])
     assert config.dataset.name == "fashion_mnist"
-    if scale == "paper":  # SPEC §9 (the ablations sweep some of these)
+    if scale == "paper":  # conf/scale/paper.yaml (the ablations sweep some of these)
         assert (config.dataset.num_clients, config.num_rounds, config.client.adaptive) == (500, 200, True)
         if experiment.startswith("table"):
             assert (config.privacy.sample_rate, config.client.local_epochs, config.client.rho) == (0.1, 30, 0.5)

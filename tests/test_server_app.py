@@ -1,4 +1,4 @@
-"""Issue 19 §2: run.json is true at every moment. The ServerApp's run_federated against a grid that reads run.json
+"""run.json is true at every moment. The ServerApp's run_federated against a grid that reads run.json
 each time a round's model is about to leave the server (the next broadcast), and after a failure."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def test_seeded_randomness_against_a_superlink_fails_before_any_message(tmp_path
 
 @pytest.mark.parametrize("stream", ["shared", "per_run"])
 def test_run_json_says_which_runs_share_the_noise(tmp_path: Path, stream: str) -> None:
-    """Issue 21: a seeded run's noise is the seed's (shared) or its config's (per_run); run.json says which."""
+    """A seeded run's noise is the seed's (shared) or its config's (per_run); run.json says which."""
     seeded = ["privacy.secure_noise=false", "privacy.allow_seeded_deployment=true", "num_rounds=1", "seed=3"]
     config = compose_config([*RUN, *seeded, f"privacy.noise_stream={stream}"])
     run_federated(WatchingGrid(tmp_path), config, tmp_path, progress=False)
@@ -97,7 +97,7 @@ def test_run_json_says_which_runs_share_the_noise(tmp_path: Path, stream: str) -
         assert "independent" in claim["shared_with"]
 
 
-# ----- issue 32 §7: a resume accounts the checkpoint and the release log before run.json's first write -----------
+# ----- a resume accounts the checkpoint and the release log before run.json's first write ------------------------
 
 
 class NoNodes(WatchingGrid):
@@ -162,7 +162,7 @@ def test_a_resume_that_fails_before_its_first_round_never_understates_epsilon(
     _assert_states_two_releases(final)
 
 
-# ----- issue 39: a resume uses the randomness its checkpoint was made with, or is refused before any message -------
+# ----- a resume uses the randomness its checkpoint was made with, or is refused before any message -----------------
 
 
 class KilledGrid(WatchingGrid):
@@ -223,3 +223,18 @@ def test_a_resume_under_the_same_randomness_continues(tmp_path: Path, strategy: 
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["status"] == "completed" and meta["rounds_released"] == 6
     assert [r.round for r in ReleaseLog(tmp_path).read()] == [1, 2, 3, 3, 4, 5, 6]
+
+
+def test_a_run_in_which_no_client_trains_fails_with_its_cause_and_its_epsilon(tmp_path: Path) -> None:
+    """Every client fails every round: the run stops after max_empty_rounds, run.json says failed with the cause,
+    and states the ε of the noise-only models it released."""
+    from strategies.empty_rounds import NoUpdateAcceptedError
+
+    with pytest.raises(NoUpdateAcceptedError):
+        run_federated(FakeGrid("errors"), compose_config([*RUN, "num_rounds=6", "max_empty_rounds=2"]), tmp_path,
+                      progress=False)  # fmt: skip
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["status"] == "failed" and "no client update was accepted in 2 consecutive rounds" in meta["error"]
+    assert meta["rounds_released"] == 2
+    assert meta["epsilon"] == pytest.approx(compute_epsilon(SIGMA, Q, 2, 1 / M))
+    assert not (tmp_path / "final_model.npz").exists()

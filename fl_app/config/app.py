@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,7 +16,7 @@ from fl_app.config.audit import AuditConfig, _validate_audit
 from fl_app.config.faults import FaultInjectionConfig, _validate_faults
 from fl_app.config.privacy import PrivacyConfig, _check_adaptive_support, _check_placement_support, _validate_privacy
 from fl_app.config.readers import ConfigError, _choice, _finite, _require
-from fl_app.config.server_optimizer import ServerOptimizerConfig, _validate_server_optimizer
+from fl_app.config.server_optimizer import DEFAULT_SERVER_LR, ServerOptimizerConfig, _validate_server_optimizer
 from fl_app.config.simulation import SimulationConfig, _validate_simulation
 from fl_app.config.strategy_settings import StrategyConfig, _strategy_class, _validate_strategy
 from fl_app.config.training import (
@@ -50,6 +50,9 @@ class AppConfig:
     fault_injection: FaultInjectionConfig = FaultInjectionConfig()  # noqa: RUF009
     audit: AuditConfig = AuditConfig()  # noqa: RUF009
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()  # noqa: RUF009
+    #: Consecutive rounds in which clients were sampled but no update was accepted before the run fails (0 = never):
+    #: such rounds release noise only and spend ε while nobody trains (strategies/empty_rounds.py).
+    max_empty_rounds: int = 3
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +95,10 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
     )
     _check_adaptive_support(privacy, strategy_class)
     _check_placement_support(privacy, strategy_class)
+    # Configs stored before server optimizers existed (checkpoints) resume with the plain server step.
+    server_optimizer = _validate_server_optimizer(raw.get("server_optimizer") or {"name": "sgd"})
+    if strategy.server_lr is None:  # the server optimizer's own default step size
+        strategy = replace(strategy, server_lr=DEFAULT_SERVER_LR[server_optimizer.name])
     return AppConfig(
         seed=_top_int(raw, "seed", 0),
         num_rounds=_top_int(raw, "num_rounds", 1),
@@ -109,8 +116,9 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         simulation=simulation,
         fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
         audit=_validate_audit(raw.get("audit") or {}, strategy_class),
-        # Configs stored before server optimizers existed (checkpoints) resume with the plain server step.
-        server_optimizer=_validate_server_optimizer(raw.get("server_optimizer") or {"name": "sgd"}),
+        server_optimizer=server_optimizer,
+        # Configs stored before the setting existed (checkpoints) resume with its default.
+        max_empty_rounds=_top_int({"max_empty_rounds": 3, **raw}, "max_empty_rounds", 0),
     )
 
 
@@ -142,8 +150,8 @@ def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
 
 
 #: Top-level keys the noise key does not hash: where the run writes (a resume rewrites both to the run directory, and
-#: must draw the noise it drew before).
-NOISE_KEY_IGNORES: tuple[str, ...] = ("output_dir", "resume")
+#: must draw the noise it drew before), and when a run with nobody training is stopped (what it releases is the same).
+NOISE_KEY_IGNORES: tuple[str, ...] = ("output_dir", "resume", "max_empty_rounds")
 
 
 def noise_stream_key(config: AppConfig) -> int | None:

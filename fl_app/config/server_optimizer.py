@@ -11,6 +11,13 @@ from typing import Any
 from fl_app.config.readers import _choice, _known_keys, _number, _require
 from fl_app.core.choices import SERVER_OPTIMIZERS
 
+#: The server learning rate η each optimizer gets when ``strategy.server_lr`` is null: the best server learning rates
+#: Reddi et al. ("Adaptive Federated Optimization", ICLR 2021, Appendix: the tuned (η_l, η) grids) report for their
+#: image-classification tasks with τ = 10⁻³ — 10⁻¹ for FedAdagrad, 10⁻² for FedAdam and FedYogi — and 1 for
+#: FedAvg's plain step and FedAvgM (η = 1 is FedAvg itself). An adaptive step of size 1 moves every coordinate by
+#: about 1 per round, which diverges on these models.
+DEFAULT_SERVER_LR: dict[str, float] = {"sgd": 1.0, "momentum": 1.0, "adagrad": 0.1, "adam": 0.01, "yogi": 0.01}
+
 
 @dataclass(frozen=True)
 class ServerOptimizerConfig:

@@ -1,5 +1,5 @@
 """The ``strategy`` section: :class:`StrategyConfig`, the settings every strategy has, and the shared settings of the
-sparsified methods (SPEC §5 and SPEC_BASELINES.md) — a strategy's own settings class lives beside the strategy in
+sparsified methods (docs/algorithms.md) — a strategy's own settings class lives beside the strategy in
 strategies/ (its ``settings_class``), checking its own fields; validating the section against the settings class of
 the strategy that ``strategy._target_`` names; and the upgrade of a stored config's strategy section.
 """
@@ -25,16 +25,20 @@ class StrategyConfig:
 
     name: str
     target: str
-    server_lr: float = 1.0
+    #: η of the server step; null = the server optimizer's default (fl_app/config/server_optimizer.py), resolved by
+    #: :func:`fl_app.config.validate`.
+    server_lr: float | None = None
 
     def check(self) -> None:
         """Raise :class:`ConfigError` for a value out of range (the types were checked when it was read)."""
-        require(self.server_lr > 0, "strategy.server_lr", self.server_lr, "> 0")
+        lr = self.server_lr
+        ok = lr is None or (isinstance(lr, int | float) and not isinstance(lr, bool) and lr > 0)
+        require(ok, "strategy.server_lr", lr, "> 0, or null for the server optimizer's default")
 
 
 @dataclass(frozen=True)
 class SparseConfig(StrategyConfig):
-    """Sparsified methods (SPEC §5, SPEC_BASELINES.md): the fraction p of coordinates kept per layer."""
+    """Sparsified methods (docs/algorithms.md): the fraction p of coordinates kept per layer."""
 
     sparsity: float = 0.4
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-#: ``privacy.sampling``: Poisson(q) or fixed-size m = qM without replacement (SPEC §1), which the sampled Gaussian
-#: accountants amplify; or a participation schema the server enforces (DP-FTRL, no amplification assumed:
-#: fl_app/privacy/mechanisms/participation.py): ``cyclic`` groups (each client every b rounds) or ``available``
-#: (up to m of the clients available now that the rule still allows). ``auto`` (the config's default) is the first
-#: sampler the strategy's accounting admits.
+#: ``privacy.sampling``: Poisson(q) or fixed-size m = qM without replacement (docs/mechanisms.md, 1), which the
+#: sampled Gaussian accountants amplify; or a participation schema the server enforces (DP-FTRL, no amplification
+#: assumed: fl_app/privacy/mechanisms/participation.py): ``cyclic`` groups (each client every b rounds) or
+#: ``available`` (up to m of the clients available now that the rule still allows). ``auto`` (the config's default)
+#: is the first sampler the strategy's accounting admits.
 #: The samplers the sampled Gaussian accountants amplify, and those whose participation rule the server enforces.
 AmplifiedSampling = Literal["poisson", "fixed"]
 ParticipationSampling = Literal["cyclic", "available"]

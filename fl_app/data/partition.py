@@ -1,4 +1,4 @@
-"""Splitting a training set over M clients (SPEC §8 "Partitions"); the only place partitioning lives.
+"""Splitting a training set over M clients (docs/running.md, "Data and models"); the only place partitioning lives.
 
 Schemes, all deterministic from a seed:
 

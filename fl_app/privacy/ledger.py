@@ -9,10 +9,11 @@ Implementations, each holding an accountant with Flower 1.42's ``PrivacyAccounta
 :mod:`fl_app.privacy.accountants`):
 
 - :class:`SampledGaussianLedger` — the subsampled Gaussian mechanism of DP-FedAvg / DP-FedSAM and the baselines
-  (SPEC §7): RDP, PRV or PLD composition (:class:`~fl_app.privacy.accountants.SampledGaussianAccountant`), Poisson or
-  fixed-size sampling, each release with its own (σ, q) — the joint multiplier when a release carries a noisy count
-  too (adaptive clipping, noisy statistics; Andrew et al. 2021, Thm. 1). Any other accountant with Flower's interface
-  can take its place (Flower's own ``RdpAccountant``): it composes Flower's ``GaussianPrivacyEvent`` with m = qM.
+  (docs/mechanisms.md, 6): RDP, PRV or PLD composition (:class:`~fl_app.privacy.accountants.SampledGaussianAccountant`),
+  Poisson or fixed-size sampling, each release with its own (σ, q) — the joint multiplier when a release carries a noisy
+  count too (adaptive clipping, noisy statistics; Andrew et al. 2021, Thm. 1). Any other accountant with Flower's
+  interface can take its place (Flower's own ``RdpAccountant``): it composes Flower's ``GaussianPrivacyEvent``
+  with m = qM.
 - :class:`GDPLedger` — the μ-GDP bound of Noisy-FedAvg / Noisy-FedProx (seed 004, Thms 3 and 4, Lemma 3), T
   releases of the same mechanism: the bound is a function of T only
   (:class:`~fl_app.privacy.accountants.GDPAccountant`).

@@ -5,7 +5,7 @@ update Δ, **in list order**; the server runs the server steps on the fixed-deno
 updates, **in list order** (pfl-research's postprocessors are the model: ``postprocess_one_user`` then
 ``postprocess_server``). The math is :mod:`fl_app.privacy.mechanisms`' pure functions; an object only says where
 in the round it applies them. The recipes, in the order their steps run (journal Alg. 1 lines 10–12, Eqs. 10–12;
-SPEC §2, §5; SPEC_BASELINES.md):
+docs/mechanisms.md, 2–4; docs/algorithms.md):
 
 * ``dense`` — DP-FedAvg / DP-FedSAM / DP-FedAvg-blur: :class:`Clip` → :class:`GaussianNoise`.
 * ``topk_noisy`` / ``topk_clean`` — DP-FedSAM-topk with client masks: ``dense``, then :class:`TopKOfNoisy` /
@@ -127,7 +127,7 @@ class Mechanism:
 
 @dataclass(frozen=True)
 class SharedMask(Mechanism):
-    """Fed-SMP's public per-round mask (SPEC_BASELINES.md): Δ ⊙ mask, divided by p when ``rescale`` (unbiased)."""
+    """Fed-SMP's public per-round mask (docs/algorithms.md): Δ ⊙ mask, divided by p when ``rescale`` (unbiased)."""
 
     sparsity: float
     rescale: bool = False
@@ -227,8 +227,8 @@ class TopKOfClipped(Mechanism):
 
 @dataclass(frozen=True)
 class ServerTopK(Mechanism):
-    """DP-FedSAM-topk with the server's mask (SPEC §5): the per-layer top-k of the *noised average* — post-processing
-    of exactly what the accountant analyses."""
+    """DP-FedSAM-topk with the server's mask (docs/algorithms.md): the per-layer top-k of the *noised average* —
+    post-processing of exactly what the accountant analyses."""
 
     sparsity: float
 

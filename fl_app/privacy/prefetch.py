@@ -1,12 +1,12 @@
-"""The server's round noise, drawn while the round's last replies are still on their way (issue 22: the critical path).
+"""The server's round noise, drawn while the round's last replies are still on their way (off the critical path).
 
-The Gaussian noise the server adds to a round's average (journal Eq. 11; SPEC §2) does not depend on what the clients
-sent: only its std does (the placement's share, known once the replies are in), and N(0, s²) = s·N(0, 1). Drawing
-the model's ~1.7M standard normals takes ~15 ms on one core, which the round otherwise spends after its last reply
-while every worker waits for the next model. :class:`PrefetchedNormals` draws as many standard normals as the round's
-shapes hold from the round's own source on a background thread, started when the first reply is in (a worker is
-done, its core free: strategies/run_loop.py); :meth:`PrefetchedNormals.normal` then returns ``loc + scale · z`` with
-the next of them, in stream order.
+The Gaussian noise the server adds to a round's average (journal Eq. 11; docs/mechanisms.md, 4) does not depend on what
+the clients sent: only its std does (the placement's share, known once the replies are in), and N(0, s²) = s·N(0, 1).
+Drawing the model's ~1.7M standard normals takes ~15 ms on one core, which the round otherwise spends after its last
+reply while every worker waits for the next model. :class:`PrefetchedNormals` draws as many standard normals as the
+round's shapes hold from the round's own source on a background thread, started when the first reply is in (a worker is
+done, its core free: strategies/run_loop.py); :meth:`PrefetchedNormals.normal` then returns ``loc + scale · z`` with the
+next of them, in stream order.
 
 Same values, not just the same law: NumPy's ``Generator.normal(loc, scale, size)`` computes every draw as
 ``loc + scale · z`` over the same standard-normal stream, so with ``loc = 0`` (the only mean the mechanisms use) the

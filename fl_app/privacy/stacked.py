@@ -1,7 +1,8 @@
-"""Clipping and summing a cohort's updates where they were trained: stacked torch tensors on the device (issue 34).
+"""Clipping and summing a cohort's updates where they were trained: stacked torch tensors on the device (the captured
+engine: docs/running.md).
 
 The same mechanism as :func:`fl_app.privacy.mechanisms.clip_update` and :func:`~fl_app.privacy.mechanisms.uniform_sum`
-(journal Eq. 10, SPEC §2), for K clients at once, each row (dim 0) one client's update Δ_i:
+(journal Eq. 10, docs/mechanisms.md, 2), for K clients at once, each row (dim 0) one client's update Δ_i:
 
 * ‖Δ_i‖ is the global L2 norm over all of the client's tensors, accumulated in float64;
 * Δ_i is scaled by α_i = min(1, C/‖Δ_i‖) rounded down to the tensors' dtype, then re-measured in float64 and, where

@@ -1,4 +1,4 @@
-"""How weak a mechanism the canary audit catches: deliberate weakenings, set up here in the tests only (issue 21).
+"""How weak a mechanism the canary audit catches: deliberate weakenings, set up here in the tests only.
 
 Each weakening patches one function of :mod:`fl_app.privacy.mechanisms` for the length of a run, as a refactor that
 broke it would, while the accountant keeps counting the correct mechanism:

@@ -1,4 +1,4 @@
-"""Issue 32 §8: the canaries' key is not derivable from anything sent to clients in a deployment. The run's seed
+"""The canaries' key is not derivable from anything sent to clients in a deployment. The run's seed
 goes to every client as the data layout's seed (``partition_seed``); under secure randomness the canaries are keyed
 by the OS CSPRNG instead (kept in the checkpoint, so a resume audits the same canaries), and only a seeded
 simulation keys them by the seed (reproducible)."""

@@ -1,4 +1,4 @@
-"""The canary audit catches a silently weakened mechanism (issue 21): each weakening of tests/audit/power.py, set up
+"""The canary audit catches a silently weakened mechanism: each weakening of tests/audit/power.py, set up
 in the test only while the accountant counts the correct mechanism, raises the PRIVACY ALARM; the same run done
 right raises neither the alarm nor the violation, and over several seeds the correct mechanism's false-alarm rate is
 within what docs/audit.md states. docs/audit.md's power table (``python -m tests.audit.power``) measures the same

@@ -70,7 +70,8 @@ def test_accounting_benchmark_meets_its_target_and_reports(tmp_path: Path) -> No
     assert bench_run.main(["--only", "P4", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     p4 = results["P4"]
-    # SPEC §7's pinned values (q=0.1, σ=0.95, T=300, δ=1/500), as in tests/privacy/test_accounting.py.
+    # The pinned values of docs/mechanisms.md, 6 (q=0.1, σ=0.95, T=300, δ=1/500), as in
+    # tests/privacy/test_accounting.py.
     assert p4["epsilon_rdp"] == pytest.approx(10.795, abs=1e-3)
     assert p4["epsilon_prv"] == pytest.approx(9.38, abs=0.01)
     assert p4["per_round_accounting_at_T300_s"] < 0.05

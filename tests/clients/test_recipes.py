@@ -1,5 +1,5 @@
 """Tests for clients/recipes.py: the order in which a client applies the mechanisms to its update, per recipe kind
-(SPEC §2, §5; SPEC_BASELINES.md).
+(docs/mechanisms.md, 2–4; docs/algorithms.md).
 
 * ``dense`` — clip to C on the global norm, then (client placement) N(0, σ²C²/m).
 * ``shared_mask`` — Fed-SMP with the server's round mask: Δ ⊙ mask [/ p] → clip → noise on the kept coordinates.
@@ -32,7 +32,7 @@ K_EXPECTED = [400, 240, 3]
 LARGE_SHAPES = [(100_000,), (20, 30), (7,)]
 
 C, SIGMA, M = 0.2, 0.95, 10.0
-CLIENT_STD = SIGMA * C / np.sqrt(M)  # per-client noise std σC/√m (SPEC §2)
+CLIENT_STD = SIGMA * C / np.sqrt(M)  # per-client noise std σC/√m (docs/mechanisms.md, 4)
 
 
 # ----- helpers ------------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Tests for clients/regularizers.py: the BLUR penalty as defined in SPEC_BASELINES.md ("BLUR"), SPEC.md §6.
+"""Tests for clients/regularizers.py: the BLUR penalty as defined in docs/algorithms.md ("Definitions of the
+baselines").
 
 R(w) = (λ/2) · max(0, ‖w − w^t‖ − C)² over the whole flattened model; its gradient λ(‖Δ‖ − C)Δ/‖Δ‖ outside the
 ball and 0 inside must flow through autograd (a public implementation's ``.item()`` makes it a no-op), so the term
@@ -52,7 +53,7 @@ def _displace(model: nn.Module, norm: float, seed: int = 3) -> list[torch.Tensor
 
 
 def _one_sgd_step_config() -> LocalTrainingConfig:
-    # One full-batch step; momentum/weight decay at SPEC defaults (first step: buffer = gradient).
+    # One full-batch step; momentum/weight decay at their defaults (first step: buffer = gradient).
     return LocalTrainingConfig(epochs=1, batch_size=8, lr=0.1, max_steps=1)
 
 

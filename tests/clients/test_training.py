@@ -1,4 +1,5 @@
-"""Tests for clients/training.py: the local SGD / SAM loop of SPEC §3 and the divergence stop of SPEC §2."""
+"""Tests for clients/training.py: the local SGD / SAM loop (docs/algorithms.md) and the divergence stop
+(docs/mechanisms.md, 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests for fl_app.data.datasets (SPEC §8): real Fashion-MNIST, and the other datasets on generated files."""
+"""Tests for fl_app.data.datasets (docs/running.md, "Data and models"): real Fashion-MNIST, and the other datasets on
+generated files."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def test_decoded_cache_serves_new_processes_without_torchvision_until_a_source_c
 
 def test_dataset_registry() -> None:
     assert set(DATASETS) == {"fashion_mnist", "emnist", "cifar10", "cifar100"}
-    assert DATASETS["emnist"].num_classes == 62  # byclass, not letters (SPEC §8)
+    assert DATASETS["emnist"].num_classes == 62  # byclass, not letters (docs/running.md)
     assert (DATASETS["fashion_mnist"].in_channels, DATASETS["fashion_mnist"].image_size) == (1, 28)
     assert (DATASETS["cifar10"].num_classes, DATASETS["cifar100"].num_classes) == (10, 100)
     for info in DATASETS.values():

@@ -1,4 +1,4 @@
-"""Tests for fl_app.data.partition (SPEC §8 partitions): determinism, disjointness, coverage, skew."""
+"""Tests for fl_app.data.partition (docs/running.md, "Data and models"): determinism, disjointness, coverage, skew."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Cohort mode (issue 12) in real Flower simulations: the same training as one message per client.
+"""Cohort mode (docs/running.md) in real Flower simulations: the same training as one message per client.
 
 One Hydra ``--multirun`` process runs DP-FedSAM with ASAM on a Dirichlet partition of unequal client sizes, per
 client (``simulation.cohort_size=1``) and in cohorts (``auto``: one cohort per worker, the sequential engine on a

@@ -1,6 +1,6 @@
-"""Issue 11 against a real deployment on 127.0.0.1 (`flower-superlink` + one `flower-supernode` per client,
+"""Privacy against a real deployment on 127.0.0.1 (`flower-superlink` + one `flower-supernode` per client,
 `population=nodes`): who takes part is secret, and the published files hold no client-derived value by default.
-Issue 33 on the same deployment: DP-FTRL's participation rule is enforced against SuperNodes that ask to train
+On the same deployment, DP-FTRL's participation rule is enforced against SuperNodes that ask to train
 every round.
 
 Two `flwr run`s with the same config and seed against the same SuperLink: each SuperNode's log says in which rounds

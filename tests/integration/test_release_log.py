@@ -1,4 +1,5 @@
-"""Issues 11 §3 and 19 §1–2 in a real simulation: a run is SIGKILLed between checkpoints and resumed.
+"""The release log and run.json across a crash, in a real simulation: a run is SIGKILLed between checkpoints and
+resumed.
 
 With CSPRNG noise its ε counts every noisy model that ever left the server, the re-run rounds included. With seeded
 noise every re-run round repeats its logged release (same model digest): ε counts each release once. Right after the

@@ -1,4 +1,4 @@
-"""Issue 20: a Flower user's own ServerApp, written here, builds ``DPFedAvg`` with keyword arguments and runs it
+"""A Flower user's own ServerApp, written here, builds ``DPFedAvg`` with keyword arguments and runs it
 with Flower's ``strategy.start(grid, initial_arrays, num_rounds=..., evaluate_fn=...)``, against our ClientApp on
 Flower's simulation engine, exactly as they would run Flower's ``FedAvg``."""
 

@@ -1,6 +1,7 @@
 """fl_app/privacy/accountants/: our accountants speak Flower 1.42's PrivacyAccountant interface, agree with Flower's
-RdpAccountant where the two libraries' RDP agree (and the tests say where and why they do not), keep SPEC §7's pins,
-load today's checkpoints, and come from a registry; the ledgers hold one, or Flower's RdpAccountant in its place."""
+RdpAccountant where the two libraries' RDP agree (and the tests say where and why they do not), keep the pinned ε values
+(docs/mechanisms.md, 6), load today's checkpoints, and come from a registry; the ledgers hold one, or Flower's
+RdpAccountant in its place."""
 
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def test_flowers_protocol_is_not_runtime_checkable_hence_flower_accountant() -> 
 
 
 # ------------------------------------------------------------------------------------------------------------
-# SPEC §7's pins through the interface
+# The pinned ε values (docs/mechanisms.md, 6) through the interface
 # ------------------------------------------------------------------------------------------------------------
 
 
@@ -135,7 +136,8 @@ def test_poisson_pins_through_flowers_interface(method: str, steps: int, expecte
 
 def test_fixed_size_pins_and_the_multiplier_convention() -> None:
     """Under replace-one a run's σ (noise std over C) is dp_accounting's multiplier σ/2, which Flower's event
-    states: SPEC §7's 22.47 is Flower's RdpAccountant fed the run's σ unchanged, and understates ε 13-fold."""
+    states: 22.47 (docs/mechanisms.md, 6) is Flower's RdpAccountant fed the run's σ unchanged, and understates ε
+    13-fold."""
     steps, expected = FIXED_PIN
     ours = create_accountant("rdp", FIXED)
     ours.compose(SampledGaussianEvent(SIGMA, Q), steps)
@@ -212,7 +214,8 @@ def test_where_flowers_poisson_rdp_differs_and_why() -> None:
     Talwar, Zhang 2019, §3.3) except at fractional orders α: Opacus adds the terms with the sign of binom(α, i),
     dp_accounting adds |terms| (its _log_comb is gammaln-based: log|binom|), a larger, still valid bound that it also
     gives up on below α ≈ 1.5 (inf). Integer orders agree exactly; the grids also differ (dp_accounting adds 11 and
-    128..1024). So at SPEC's setting, whose tightest order is 2.1, Flower's ε is larger than ours by < 1%."""
+    128..1024). So at the pinned setting (q = 0.1, σ = 0.95), whose tightest order is 2.1, Flower's ε is larger than
+    ours by < 1%."""
     from dp_accounting.rdp.rdp_privacy_accountant import _compute_rdp_poisson_subsampled_gaussian
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis.rdp import compute_rdp
@@ -223,7 +226,7 @@ def test_where_flowers_poisson_rdp_differs_and_why() -> None:
     integer = orders == np.round(orders)
     np.testing.assert_allclose(dp_curve[integer], opacus_curve[integer], rtol=1e-12)
     assert np.all(dp_curve[~integer] >= opacus_curve[~integer] * (1 - 1e-12))  # |terms| ≥ signed terms
-    at = orders == 2.1  # SPEC's tightest order
+    at = orders == 2.1  # the pinned setting's tightest order
     assert dp_curve[at] > 1.005 * opacus_curve[at]
     for steps, pinned in RDP_POISSON_PINS:
         reference = flower(POISSON)

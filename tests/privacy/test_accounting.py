@@ -1,5 +1,5 @@
-"""Tests for fl_app/privacy/accounting.py: the pinned ε values of SPEC §7 (Opacus 1.6 RDP/PRV, dp_accounting
-PLD and sampling without replacement), noise calibration and the stateful accountant's budget guard.
+"""Tests for fl_app/privacy/accounting/: the pinned ε values of docs/mechanisms.md, 6 (Opacus 1.6 RDP/PRV,
+dp_accounting PLD and sampling without replacement), noise calibration and the stateful accountant's budget guard.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ from fl_app.privacy.accounting import (
 
 Q, SIGMA, DELTA, POPULATION = 0.1, 0.95, 1 / 500, 500
 
-#: SPEC §7's pins at (σ, q, δ) above, (rounds, ε) with their tolerance; tests/privacy/test_accountants.py checks the
-#: same numbers through Flower's interface.
+#: The pinned values (docs/mechanisms.md, 6) at (σ, q, δ) above, (rounds, ε) with their tolerance;
+#: tests/privacy/test_accountants.py checks the same numbers through Flower's interface.
 RDP_POISSON_PINS, RDP_TOLERANCE = [(300, 10.795), (200, 8.515)], 0.01
 PRV_POISSON_PINS, PRV_TOLERANCE = [(300, 9.38), (200, 7.31)], 0.05
 #: Fixed-size sampling, M = 500, m = 50, replace-one sensitivity 2C (dp_accounting multiplier σ/2).
 FIXED_PIN, FIXED_TOLERANCE = (300, 300.8), 0.5
-#: SPEC §7's number for the same event at dp_accounting multiplier σ (replace-one sensitivity C).
+#: The same event at dp_accounting multiplier σ (replace-one sensitivity C): not a valid bound (docs/mechanisms.md, 6).
 SPEC_FIXED_PIN, SPEC_FIXED_TOLERANCE = (300, 22.47), 0.05
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Pinned values (SPEC §7)
+# Pinned values (docs/mechanisms.md, 6)
 # ------------------------------------------------------------------------------------------------------------
 
 
@@ -66,8 +66,8 @@ def test_fixed_size_sampling_pin_and_not_the_poisson_formula() -> None:
 
 
 def test_spec_fixed_size_pin_is_dp_accounting_with_sensitivity_c() -> None:
-    """SPEC §7's 22.47 is dp_accounting's WOR event with multiplier σ (replace-one sensitivity C); ours is
-    the same event at σ/2 (sensitivity 2C), so the two differ exactly by that factor."""
+    """The 22.47 of docs/mechanisms.md, 6 is dp_accounting's WOR event with multiplier σ (replace-one sensitivity C);
+    ours is the same event at σ/2 (sensitivity 2C), so the two differ exactly by that factor."""
     rdp = dp_accounting.rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
     event = dp_accounting.SampledWithoutReplacementDpEvent(POPULATION, 50, dp_accounting.GaussianDpEvent(SIGMA))
     rdp.compose(dp_accounting.SelfComposedDpEvent(event, SPEC_FIXED_PIN[0]))

@@ -1,6 +1,6 @@
 """Tests for fl_app/privacy/mechanisms/: global-norm clipping (DP-FedSAM journal Eq. 10), Gaussian noise
-(Eq. 11), fixed-denominator averaging and client sampling (SPEC §1–2), clipping statistics (Eq. 18) and the
-per-layer top-k / rand-k masks (Eq. 12, SPEC §5).
+(Eq. 11), fixed-denominator averaging and client sampling (docs/mechanisms.md, 1–4), clipping statistics (Eq. 18) and
+the per-layer top-k / rand-k masks (Eq. 12; docs/algorithms.md).
 """
 
 from __future__ import annotations

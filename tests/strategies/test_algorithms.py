@@ -1,4 +1,4 @@
-"""Tests for the algorithm strategies on top of the round skeleton (SPEC §4, §5; SPEC_BASELINES.md):
+"""Tests for the algorithm strategies on top of the round skeleton (docs/algorithms.md):
 
 Fed-SMP-randk (public per-round random mask), Fed-SMP-topk (local mask: not covered; global mask: covered),
 DP-FedSAM-topk (top-k of the noised average in server placement; per-client masks in client placement are not

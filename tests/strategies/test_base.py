@@ -1,4 +1,4 @@
-"""Tests for strategies/base.py, the round skeleton every strategy shares (SPEC §1, §2, §7):
+"""Tests for strategies/base.py, the round skeleton every strategy shares (docs/mechanisms.md):
 
 sampling, validation of replies, uniform fixed-denominator aggregation, noise placement (server, and client with
 the server's top-up), determinism, the non-private references, accounting and the budget guard of ``start()``,

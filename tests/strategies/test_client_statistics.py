@@ -1,4 +1,4 @@
-"""Issue 11 §4: what the published files say about clients (``privacy.client_statistics``): raw, noisy (one
+"""What the published files say about clients (``privacy.client_statistics``): raw, noisy (one
 Gaussian release of the clipped count, accounted jointly with the update) or none."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The server side of cohort mode (issue 12): planning cohorts, and checking and aggregating cohort replies.
+"""The server side of cohort mode (docs/running.md): planning cohorts, and checking and aggregating cohort replies.
 
 Cohort replies carry the float64 sum of the accepted clients' updates plus per-client statistics and fates
 (clients/cohort.py). Nothing in them is trusted: each must account for exactly the cohort its message carried, once;

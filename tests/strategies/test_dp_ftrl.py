@@ -252,7 +252,7 @@ def test_the_audit_flags_a_dp_ftrl_build_whose_noise_is_switched_off(monkeypatch
     assert result.lower_bound.epsilon > result.accountant_epsilon_at_bound_delta
 
 
-# ----- issue 39 §2: every (T, b, k, factorization) builds or is refused with the setting to change ------------
+# ----- every (T, b, k, factorization) builds or is refused with the setting to change -------------------------
 
 
 def _builds_or_is_refused(rounds: int, b: int, k: int, factorization: str, buffers: int, bands: int | None) -> None:

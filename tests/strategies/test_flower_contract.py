@@ -1,4 +1,4 @@
-"""Issue 20: our strategies are Flower strategies. ``start()`` has Flower's signature and Result semantics,
+"""Our strategies are Flower strategies. ``start()`` has Flower's signature and Result semantics,
 ``evaluate_fn`` is Flower's ``(round, ArrayRecord) -> MetricRecord | None``, and a strategy can be built with
 keyword arguments, as Flower's own are, as well as from an AppConfig."""
 

@@ -1,4 +1,4 @@
-"""Issue 32 §1: the round is Flower's hooks. Whatever drives ``configure_train`` / ``aggregate_train`` — Flower's own
+"""The round is Flower's hooks. Whatever drives ``configure_train`` / ``aggregate_train`` — Flower's own
 ``Strategy.start`` (the base-class method a subclass inherits), our ``start()``, or a user's loop — every released
 model is logged and accounted, the settings are resolved for the grid before the first message, and nothing leaves
 in a MetricRecord that ``privacy.client_statistics`` does not allow.
@@ -138,7 +138,7 @@ def test_a_resumed_strategy_refuses_a_loop_that_starts_at_round_one(tmp_path: Pa
     assert np.isfinite(resumed.epsilon())
 
 
-# ----- §4: the package exports its strategies; the accountant speaks Flower's interface ---------------------------
+# ----- the package exports its strategies; the accountant speaks Flower's interface -------------------------------
 
 
 def test_the_package_exports_its_strategies_and_their_accountant_is_flowers_interface() -> None:

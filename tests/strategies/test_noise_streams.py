@@ -1,4 +1,4 @@
-"""Issue 21: runs of one seed share their noise unless ``privacy.noise_stream=per_run``.
+"""Runs of one seed share their noise unless ``privacy.noise_stream=per_run``.
 
 With the default ``shared``, seeded runs that differ only in strategy, C, σ (or anything else) draw the same
 standardized noise every round: correlation 1.0, so two such models subtract to a noise-free difference. With

@@ -1,5 +1,5 @@
-"""Issue 11 §2–3 at the strategy level: secret randomness (CSPRNG sampling, masks and client seeds; no seed in the
-train messages) and the write-ahead release log that keeps ε counting every model released across crashes."""
+"""Secret randomness (CSPRNG sampling, masks and client seeds; no seed in the train messages) and the write-ahead
+release log that keeps ε counting every model released across crashes, at the strategy level."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_secure_randomness_sends_no_seed_and_samples_differently_every_time():
     assert all(m.content["config"]["seed"] == 0 for m in a)
     assert seeded[0].dp_guarantee()["sampling_source"].startswith("seeded-prng")
     # configure_train resolved the settings for the grid it was given: FakeGrid is not the simulation engine, so
-    # the claim says the seed went to the clients (before issue 32 it said "simulation", never resolved).
+    # the claim says the seed went to the clients (before configure_train resolved them, it said "simulation").
     assert "DEPLOYMENT: the seed is sent to every sampled client" in seeded[0].dp_guarantee()["sampling_source"]
 
 
@@ -123,7 +123,7 @@ def test_non_private_runs_write_no_release_log(tmp_path):
     assert not ReleaseLog(tmp_path).path.exists()
 
 
-# ----- issue 19 §1: a seeded re-run must repeat its logged release, or it is refused ---------------------------
+# ----- a seeded re-run must repeat its logged release, or it is refused ----------------------------------------
 
 SEEDED = ["strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2", "checkpoint_every=3"]
 
@@ -193,7 +193,7 @@ def test_a_seeded_release_without_a_digest_cannot_be_resumed(tmp_path):
         _run(SEEDED, tmp_path, rounds=6, resume=ckpt)
 
 
-# ----- issue 19 §4: seeded randomness against a real SuperLink ---------------------------------------------------
+# ----- seeded randomness against a real SuperLink ----------------------------------------------------------------
 
 
 def test_seeded_randomness_in_a_deployment_is_refused_unless_allowed_and_then_said_loudly(caplog):
@@ -221,7 +221,7 @@ def test_seeded_randomness_in_a_deployment_is_refused_unless_allowed_and_then_sa
     assert "not private against clients" in forced.dp_guarantee()["sampling_source"]
 
 
-# ----- issue 39: a resume draws from the randomness its checkpoint was made with --------------------------------
+# ----- a resume draws from the randomness its checkpoint was made with ------------------------------------------
 
 
 def test_the_checkpoint_records_its_randomness_and_an_older_one_is_judged_by_the_log(tmp_path):

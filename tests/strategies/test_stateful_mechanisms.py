@@ -1,4 +1,4 @@
-"""Issue 32 §3: a mechanism is an object with a client step, a server step and its own state. The strategy builds
+"""A mechanism is an object with a client step, a server step and its own state. The strategy builds
 its pipeline once, so a server step keeps state from round to round, and the checkpoint carries it generically
 (``Mechanism.state_dict`` / ``load_state_dict``), not through a hard-coded list."""
 

@@ -1,4 +1,4 @@
-"""The datasets there are (SPEC §8 "Data and models"): their static facts (:data:`DATASETS`), where their files
+"""The datasets there are (docs/running.md, "Data and models"): their static facts (:data:`DATASETS`), where their files
 live (:data:`DEFAULT_DATA_DIR`, the Debian package's :data:`FASHION_MNIST_SYSTEM_DIR`), and the error that says
 how to obtain missing files (:class:`DatasetUnavailableError`).
 """

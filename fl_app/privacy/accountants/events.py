@@ -4,9 +4,10 @@
   of the sampled Gaussian mechanism. Its multiplier is dp_accounting's: the noise std over the L2 sensitivity
   *under the accountant's neighbouring relation* (Flower's ``RdpAccountant`` hands it to dp_accounting unchanged).
 - :class:`SampledGaussianEvent` ``(σ, q)`` is a round of DP-FedAvg / DP-FedSAM as the strategy states it: σ is the
-  noise std over the clip norm C (SPEC §1), and q need not make q·M a whole number (Poisson sampling). A round that
-  releases a noisy count too (adaptive clipping, noisy client statistics) is one event at the joint multiplier
-  (σ⁻² + σ_s⁻²)^(-1/2) (Andrew et al. 2021, Thm 1), which the strategy computes; the event carries only that σ.
+  noise std over the clip norm C (docs/mechanisms.md, 4), and q need not make q·M a whole number (Poisson sampling). A
+  round that releases a noisy count too (adaptive clipping, noisy client statistics) is one event at the joint
+  multiplier (σ⁻² + σ_s⁻²)^(-1/2) (Andrew et al. 2021, Thm 1), which the strategy computes; the event carries
+  only that σ.
 - :class:`GDPEvent` is one release of Noisy-FedAvg / Noisy-FedProx, whose T-fold composition the μ-GDP bound of
   seed 004 (Thms 3 and 4) states directly: the release has no parameter of its own in the bound.
 

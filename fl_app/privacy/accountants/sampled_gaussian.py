@@ -1,7 +1,7 @@
 """The sampled Gaussian mechanism of DP-FedAvg / DP-FedSAM behind Flower's ``PrivacyAccountant`` interface.
 
 :class:`SampledGaussianAccountant` composes the rounds' (σ, q) segments with the code of
-:mod:`fl_app.privacy.accounting` (SPEC §7), which it holds and does not repeat:
+:mod:`fl_app.privacy.accounting` (docs/mechanisms.md, 6), which it holds and does not repeat:
 
 - Poisson sampling, add/remove-one adjacency: RDP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019,
   through Opacus' ``RDPAccountant`` orders and series; DP-FedSAM journal Thm 2), the PRV accountant of Gopi, Lee,

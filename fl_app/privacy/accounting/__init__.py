@@ -1,8 +1,8 @@
 """Privacy accounting for client-level DP-FedAvg / DP-FedSAM: ε for a history of sampled Gaussian rounds.
 
 One round releases the uniform average of clipped client updates over the fixed denominator m = qM plus
-Gaussian noise of std σC/m, i.e. a sampled Gaussian mechanism with noise multiplier σ (``mechanisms.py``).
-Implemented here, as pinned down by ``SPEC.md`` §1 and §7:
+Gaussian noise of std σC/m, i.e. a sampled Gaussian mechanism with noise multiplier σ (``fl_app/privacy/mechanisms/``).
+Implemented here, as docs/mechanisms.md states it (1, 6 and 7):
 
 - Poisson sampling (default): RDP of the Poisson-subsampled Gaussian composed over T rounds and converted to
   (ε, δ)-DP (DP-FedSAM journal Thm 2 / Eqs. 16–17) through Opacus' ``RDPAccountant``; the tighter numerical

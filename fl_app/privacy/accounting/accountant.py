@@ -1,5 +1,5 @@
 """The stateful accountant of one training run: its (σ, q, rounds) history, ε so far and the budget guard
-(``would_exceed``, SPEC §7), with a JSON-serialisable state.
+(``would_exceed``, docs/mechanisms.md, 7), with a JSON-serialisable state.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class PrivacyAccountant:
 
     Keeps the history as (σ, q, rounds) segments, merging consecutive rounds with equal (σ, q), and recomputes
     ε from the whole history, so rounds with different σ or q compose correctly. ``would_exceed`` is the
-    budget guard of SPEC §7: the server asks it before each round and stops if that round would exceed
+    budget guard (docs/mechanisms.md, 7): the server asks it before each round and stops if that round would exceed
     ``max_epsilon``.
     """
 

@@ -29,7 +29,7 @@ def compute_epsilon(
 ) -> float:
     """ε(δ) after ``steps`` rounds of the sampled Gaussian mechanism with noise multiplier σ and rate q.
 
-    ``sampling='poisson'`` accounts Poisson sampling with rate q (SPEC §1; Opacus RDP/PRV or dp_accounting
+    ``sampling='poisson'`` accounts Poisson sampling with rate q (docs/mechanisms.md, 1; Opacus RDP/PRV or dp_accounting
     PLD); ``sampling='fixed'`` accounts exactly m = qM of ``population`` clients without replacement (RDP
     only). σ = 0 gives ∞ (no noise, no privacy); 0 steps give 0.
     """

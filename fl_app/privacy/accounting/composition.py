@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from fl_app.core.choices import AccountantName, AmplifiedSampling
+from fl_app.core.quiet_import import import_opacus
 from fl_app.privacy.accounting.checks import (
     Segment,
     _check_config,
@@ -116,6 +117,7 @@ def _cached_epsilon(
         # Opacus warns whenever the optimal order sits at the edge of its grid, which happens for every
         # large-ε setting (e.g. while calibration brackets σ); the bound is still valid, so the warning is
         # only noise.
+        import_opacus()  # without the root logging handler Opacus adds (fl_app/core/quiet_import.py)
         from opacus.accountants import RDPAccountant
         from opacus.accountants.analysis import rdp as opacus_rdp
 
@@ -124,6 +126,7 @@ def _cached_epsilon(
             eps, order = opacus_rdp.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
             return float(eps), _order_or_none(order)
     if accountant == "prv":
+        import_opacus()  # without the root logging handler Opacus adds (fl_app/core/quiet_import.py)
         from opacus.accountants import PRVAccountant
 
         prv = PRVAccountant()
@@ -200,6 +203,7 @@ def _cached_delta(
         orders, rdp = _fixed_rdp(segments, population)
         return float(dp_rdp.compute_delta(orders, rdp, epsilon)[0])
     if accountant == "rdp":
+        import_opacus()  # without the root logging handler Opacus adds (fl_app/core/quiet_import.py)
         from opacus.accountants import RDPAccountant
 
         return float(dp_rdp.compute_delta(RDPAccountant.DEFAULT_ALPHAS, _poisson_rdp(segments), epsilon)[0])
@@ -288,8 +292,8 @@ def _fixed_rdp_epsilon(segments: Sequence[Segment], delta: float, population: in
     dp_accounting defines the event's noise multiplier relative to the L2 sensitivity under *replace-one*
     adjacency. Replacing one client's clipped update moves the sum by up to 2C (not C), and the noise std on the
     sum is σC, so the multiplier handed to dp_accounting is σ/2 (:data:`REPLACE_ONE_SENSITIVITY_FACTOR`).
-    SPEC §7 pins 22.47 for M=500, m=50, σ=0.95, T=300, which is dp_accounting with multiplier σ, i.e. a
-    replace-one sensitivity of C; that understates ε for our mechanism (≈ 300.8 with σ/2). We account the sound
+    The same event at multiplier σ gives 22.47 for M=500, m=50, σ=0.95, T=300, i.e. a replace-one sensitivity
+    of C; that understates ε for our mechanism (≈ 300.8 with σ/2). We account the sound
     number and the tests pin both (see docs/mechanisms.md "Fixed-size sampling").
     """
     from dp_accounting.rdp import rdp_privacy_accountant as dp_rdp
@@ -309,6 +313,7 @@ def _fixed_rdp(segments: Sequence[Segment], population: int) -> tuple[list[float
 @functools.lru_cache(maxsize=256)
 def _poisson_rdp_per_round(noise_multiplier: float, sample_rate: float) -> np.ndarray:
     """Opacus' RDP curve of one Poisson-sampled Gaussian round on its default orders."""
+    import_opacus()  # without the root logging handler Opacus adds (fl_app/core/quiet_import.py)
     from opacus.accountants import RDPAccountant
     from opacus.accountants.analysis import rdp as opacus_rdp
 

@@ -2,7 +2,8 @@
 
 Paper: Y. Sun, Q. Zhang, L. Shen, D. Tao, "Convergent Differential Privacy Analysis for General Federated
 Learning" (``/work/shared/papers/004_c0a88d0365c26a19.txt``; line numbers below refer to that text). Implemented,
-as pinned down by ``SPEC.md`` §7 and ``SPEC_BASELINES.md`` (Noisy-FedAvg / Noisy-FedProx):
+as docs/mechanisms.md (9) and docs/algorithms.md ("Definitions of the baselines": Noisy-FedAvg / Noisy-FedProx)
+state it:
 
 - Theorem 3 (a)–(d), Eqs. (15)–(18): the GDP parameter μ of Noisy-FedAvg after T rounds for the constant,
   cyclically decaying, stage-wise decaying and continuously decaying learning-rate schedules

@@ -1,15 +1,15 @@
 """Client-level DP mechanisms: the only place in the project where mechanism math is written.
 
 Implements, for DP-FedAvg (McMahan et al. 2018) and DP-FedSAM (Shi et al., CVPR'23; journal version with
-DP-FedSAM-topk), as pinned down by ``SPEC.md``:
+DP-FedSAM-topk), as docs/mechanisms.md states them (numbers below are its items):
 
-- client sampling (SPEC §1): Poisson sampling with rate q and the *fixed* denominator m = qM, or fixed-size
+- client sampling (1): Poisson sampling with rate q and the *fixed* denominator m = qM, or fixed-size
   sampling of exactly m clients without replacement;
-- global-norm clipping Δ̃ = Δ · min(1, C/‖Δ‖) (journal Eq. 10; SPEC §2);
-- Gaussian noise N(0, σ²C²/m · I) per client or N(0, σ²C²/m² · I) on the average (journal Eq. 11; SPEC §2);
-- the uniform average over the fixed denominator m (SPEC §2);
+- global-norm clipping Δ̃ = Δ · min(1, C/‖Δ‖) (journal Eq. 10; 2);
+- Gaussian noise N(0, σ²C²/m · I) per client or N(0, σ²C²/m² · I) on the average (journal Eq. 11; 4);
+- the uniform average over the fixed denominator m (3);
 - clipping diagnostics ᾱ and α̃ = mean |α_i − ᾱ| (journal Eq. 18);
-- per-layer top-k masks (journal Eq. 12; SPEC §5) and rand-k masks (SPEC_BASELINES.md, Fed-SMP-randk),
+- per-layer top-k masks (journal Eq. 12) and rand-k masks (Fed-SMP-randk; both in docs/algorithms.md),
   both keeping exactly k_l = ⌈p · d_l⌉ coordinates of layer l.
 
 An update is ``NDArrays`` (one array per model tensor, normally float32). Every random draw takes an explicit

@@ -1,6 +1,6 @@
-"""Screening and aggregation of client updates (SPEC §2): what must be rejected before aggregation (wrong tensor
-count, shapes or dtype; NaN/Inf or an overflowing norm), and the uniform sum and average over the fixed
-denominator m = qM, in float64 and in order.
+"""Screening and aggregation of client updates (docs/mechanisms.md, 3 and 5): what must be rejected before
+aggregation (wrong tensor count, shapes or dtype; NaN/Inf or an overflowing norm), and the uniform sum and average
+over the fixed denominator m = qM, in float64 and in order.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fl_app.privacy.mechanisms.norms import NDArrays, global_l2_norm
 
 
 def is_finite_update(update: Sequence[np.ndarray]) -> bool:
-    """True if no tensor contains NaN or ±Inf (such updates are rejected before aggregation, SPEC §2)."""
+    """True if no tensor contains NaN or ±Inf (such updates are rejected before aggregation)."""
     return all(bool(np.isfinite(np.asarray(tensor)).all()) for tensor in update)
 
 
@@ -29,10 +29,10 @@ def has_shapes(update: Sequence[np.ndarray], reference_shapes: Sequence[tuple[in
 def measure_update(
     update: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
 ) -> tuple[Literal["shape", "nonfinite"] | None, float]:
-    """The screening of an update from a client (SPEC §2): why it must be rejected before aggregation, or None if
-    it may be used — ``shape`` (wrong tensor count, shapes or a non-floating dtype) or ``nonfinite`` (NaN/Inf
-    anywhere, or a global norm that overflows) — and the :func:`global_l2_norm` it measured (NaN when it did not get
-    that far), for a receiver that re-clips next (:func:`reclip`'s ``norm``)."""
+    """The screening of an update from a client (docs/mechanisms.md, 5): why it must be rejected before
+    aggregation, or None if it may be used — ``shape`` (wrong tensor count, shapes or a non-floating dtype) or
+    ``nonfinite`` (NaN/Inf anywhere, or a global norm that overflows) — and the :func:`global_l2_norm` it measured
+    (NaN when it did not get that far), for a receiver that re-clips next (:func:`reclip`'s ``norm``)."""
     if not has_shapes(update, shapes) or not all(np.issubdtype(np.asarray(u).dtype, np.floating) for u in update):
         return "shape", math.nan
     # One pass decides: the norm is a sum of squares, so a NaN anywhere makes it NaN and an infinity infinite (no
@@ -71,7 +71,7 @@ def uniform_average(
     denominator: float,
     shapes: Sequence[tuple[int, ...]],
 ) -> NDArrays:
-    """Σ_i Δ_i / denominator with uniform weights (SPEC §2), returned as float32.
+    """Σ_i Δ_i / denominator with uniform weights (docs/mechanisms.md, 3), returned as float32.
 
     The denominator is the fixed m = qM, not the number of updates received: then one client moves the average
     by at most C/m whatever the others do, which is the sensitivity the accountant assumes. Sample-count

@@ -1,6 +1,6 @@
-"""Global-norm clipping Δ̃ = Δ · min(1, C/‖Δ‖) (DP-FedSAM journal Eq. 10; SPEC §2): the clip factor α, the sender's
-clip (:func:`clip_update`, whose result is within C exactly, also in float32) and the receiver's (:func:`reclip`,
-which never trusts the sender's).
+"""Global-norm clipping Δ̃ = Δ · min(1, C/‖Δ‖) (DP-FedSAM journal Eq. 10; docs/mechanisms.md, 2): the clip factor α,
+the sender's clip (:func:`clip_update`, whose result is within C exactly, also in float32) and the receiver's
+(:func:`reclip`, which never trusts the sender's).
 """
 
 from __future__ import annotations

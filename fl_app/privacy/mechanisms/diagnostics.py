@@ -1,5 +1,6 @@
-"""Clipping diagnostics of a round (SPEC §2, DP-FedSAM journal Eq. 18 / Fig. 4): statistics of the pre-clip norms
-‖Δ_i‖, the mean clip factor ᾱ and its dispersion α̃ = mean |α_i − ᾱ|, the share of clipped updates.
+"""Clipping diagnostics of a round (DP-FedSAM journal Eq. 18 / Fig. 4; docs/running.md, "Metrics"): statistics of
+the pre-clip norms ‖Δ_i‖, the mean clip factor ᾱ and its dispersion α̃ = mean |α_i − ᾱ|, the share of clipped
+updates.
 """
 
 from __future__ import annotations

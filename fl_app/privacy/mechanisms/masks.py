@@ -1,6 +1,6 @@
 """Per-layer sparsification masks, both keeping exactly k_l = ⌈p · d_l⌉ coordinates of layer l: top-k of an update
-(DP-FedSAM-topk, journal Eq. 12; SPEC §5) and uniformly random rand-k (Fed-SMP-randk, SPEC_BASELINES.md); and
-Δ ⊙ mask.
+(DP-FedSAM-topk, journal Eq. 12) and uniformly random rand-k (Fed-SMP-randk; both defined in docs/algorithms.md);
+and Δ ⊙ mask.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fl_app.privacy.mechanisms.randomness import RandomSource
 
 
 def kept_count(size: int, fraction: float) -> int:
-    """k_l = ⌈p · d_l⌉, the number of coordinates a layer of ``size`` keeps (SPEC §5).
+    """k_l = ⌈p · d_l⌉, the number of coordinates a layer of ``size`` keeps (docs/algorithms.md).
 
     A product within a relative 1e-9 of an integer counts as that integer, so that e.g. p = 0.7, d = 10
     keeps 7 and not 8 because 0.7 · 10 evaluates to 7.000000000000001 in binary floating point.
@@ -35,7 +35,8 @@ def topk_mask(update: Sequence[np.ndarray], fraction: float) -> list[np.ndarray]
 
     Ties at the threshold magnitude are broken towards the lower flat index, so the mask is a deterministic
     function of the values. Selection is O(d) via a partition, not a full sort, because ResNet layers are
-    large. For DP-FedSAM-topk it must be computed from the *noisy* update to be post-processing (SPEC §5).
+    large. For DP-FedSAM-topk it must be computed from the *noised average* to be post-processing of what the
+    accountant covers (docs/algorithms.md).
     """
     masks = []
     for tensor in update:
@@ -60,7 +61,7 @@ def topk_mask(update: Sequence[np.ndarray], fraction: float) -> list[np.ndarray]
 def randk_mask(shapes: Sequence[tuple[int, ...]], fraction: float, rng: RandomSource) -> list[np.ndarray]:
     """Per-layer boolean masks keeping exactly k_l = ⌈p · d_l⌉ coordinates, uniformly without replacement.
 
-    Data-independent (drawn from the server's round RNG in Fed-SMP-randk, SPEC_BASELINES.md), so the mask is
+    Data-independent (drawn from the server's round RNG in Fed-SMP-randk, docs/algorithms.md), so the mask is
     public and costs no privacy. Layers are drawn in list order from ``rng``.
     """
     masks = []

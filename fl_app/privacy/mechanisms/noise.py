@@ -1,5 +1,5 @@
-"""The Gaussian mechanism (DP-FedSAM journal Eq. 11; SPEC §2): the per-coordinate noise std of each placement
-(N(0, σ²C²/m) per client or N(0, σ²C²/m²) on the average), adding it to an update, the server's top-up when a
+"""The Gaussian mechanism (DP-FedSAM journal Eq. 11; docs/mechanisms.md, 4): the per-coordinate noise std of each
+placement (N(0, σ²C²/m) per client or N(0, σ²C²/m²) on the average), adding it to an update, the server's top-up when a
 client of a client-placed round is missing, a noisy count, and the noise multiplier of a joint release of the
 update and a noisy count (Andrew et al., NeurIPS 2021, Thm. 1).
 """
@@ -22,7 +22,7 @@ def gaussian_noise_std(
     expected_clients: float,
     placement: Placement,
 ) -> float:
-    """Per-coordinate noise std for the given placement (journal Eq. 11; SPEC §2).
+    """Per-coordinate noise std for the given placement (journal Eq. 11; docs/mechanisms.md, 4).
 
     - ``client``: each client adds N(0, σ²C²/m), std σC/√m. The sum of m independent draws has std σC·√m, so
       the average over the fixed denominator m has std σC/m.
@@ -97,7 +97,7 @@ def noisy_count(count: float, std: float, rng: NormalSource) -> float:
 def client_noise_topup_std(
     noise_multiplier: float, clip_norm: float, expected_clients: float, contributing: int
 ) -> float:
-    """Std the server adds to the average so client-placed noise is never below the accounted level (SPEC §2).
+    """The server's top-up std, so client-placed noise is never below the accounted level (docs/mechanisms.md, 4).
 
     In client placement each of the n contributing clients adds N(0, σ²C²/m); over the fixed denominator m the
     average carries variance n σ²C²/m³. When n < m (a client failed or was rejected) the server adds the missing

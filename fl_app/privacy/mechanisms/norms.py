@@ -1,5 +1,6 @@
 """An update and its size: ``NDArrays`` (one array per model tensor, normally float32) and the global L2 norm
-‖Δ‖ = sqrt(Σ_l ‖Δ_l‖²) over all its tensors, accumulated in float64 (the norm that journal Eq. 10 clips; SPEC §2).
+‖Δ‖ = sqrt(Σ_l ‖Δ_l‖²) over all its tensors, accumulated in float64 (the norm that journal Eq. 10 clips;
+docs/mechanisms.md, 2).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Where every draw comes from (SPEC §1, §2): the seeded, independent streams :func:`make_rng` of (seed, *keys)
-(simulation), the operating system's CSPRNG :class:`SecureRandom` (deployment), and :func:`random_source`, the one
-place that chooses between them. Nothing here reads or reseeds global RNG state.
+"""Where every draw comes from (docs/mechanisms.md, 8): the seeded, independent streams :func:`make_rng` of
+(seed, *keys) (simulation), the operating system's CSPRNG :class:`SecureRandom` (deployment), and
+:func:`random_source`, the one place that chooses between them. Nothing here reads or reseeds global RNG state.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ class NormalSource(Protocol):
 
 
 class SecureRandom:
-    """Draws from the operating system's CSPRNG (``os.urandom``), for deployment (SPEC §2): the noise, and who
-    and what participates (client sampling, Fed-SMP masks), so nothing about them can be re-derived from a seed.
+    """Draws from the operating system's CSPRNG (``os.urandom``), for deployment (docs/mechanisms.md, 8): the
+    noise, and who and what participates (client sampling, Fed-SMP masks), so nothing about them can be re-derived
+    from a seed.
 
     Uniforms are 53-bit fractions of urandom words; normals come from the Box–Muller transform in float64;
     ``choice`` without replacement takes the first ``size`` indices of a permutation sorted by 64-bit urandom keys
@@ -87,7 +88,7 @@ def make_rng(seed: int, *keys: int) -> np.random.Generator:
     """Deterministic, independent stream for (seed, *keys), e.g. (seed, round, client_id, purpose).
 
     ``SeedSequence`` hashes the whole key tuple, so streams for different keys are statistically independent
-    and no global RNG is ever touched (SPEC §1, §2). Simulation only: deployment noise must come from a
+    and no global RNG is ever touched (docs/mechanisms.md, 8). Simulation only: deployment noise must come from a
     cryptographically secure source instead.
     """
     entropy = [seed, *keys]

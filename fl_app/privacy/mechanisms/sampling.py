@@ -1,4 +1,4 @@
-"""Client sampling (SPEC §1): Poisson sampling with rate q and the fixed denominator m = qM
+"""Client sampling (docs/mechanisms.md, 1): Poisson sampling with rate q and the fixed denominator m = qM
 (:func:`expected_clients`), or fixed-size sampling of exactly m clients without replacement (the papers'
 Algorithm 1).
 """
@@ -11,7 +11,7 @@ from fl_app.privacy.mechanisms.randomness import RandomSource
 
 
 def poisson_sample(population: int, sample_rate: float, rng: RandomSource) -> np.ndarray:
-    """Sorted indices of clients that join: each of ``population`` independently with probability q (SPEC §1).
+    """Sorted indices of clients that join: each of ``population`` independently with probability q.
 
     This is the sampling that the Poisson-subsampled Gaussian accountants (Opacus RDP/PRV, dp_accounting
     ``PoissonSampledDpEvent``) assume; the round may have any number of participants, including none.
@@ -26,7 +26,7 @@ def fixed_size_sample(population: int, sample_size: int, rng: RandomSource) -> n
     """Exactly ``sample_size`` distinct indices, uniformly without replacement, sorted (papers' Algorithm 1).
 
     Must be accounted with the sampling-without-replacement event (replace-one adjacency), never with the
-    Poisson formula (SPEC §1).
+    Poisson formula (docs/mechanisms.md, 6).
     """
     _check_population(population)
     if not 0 <= sample_size <= population:
