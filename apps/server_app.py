@@ -17,22 +17,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 from hydra.utils import get_class
 
 from fl_app.allocator import limit_malloc_arenas
+from fl_app.central_evaluation import central_evaluate_fn
 from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
 from fl_app.core.atomic import atomic_write
-from fl_app.data.datasets import load_split
 from fl_app.metrics import MetricsWriter, write_json_atomic
-from fl_app.models import build_model_for_dataset, evaluate, get_weights, resolve_device, set_weights, weight_names
+from fl_app.models import build_model_for_dataset, get_weights, weight_names
 from fl_app.threads import limit_library_threads
 from strategies.base import FederatedStrategy
-from strategies.run_loop import EvaluateFn
 from strategies.settings import is_simulation
 
 RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"
@@ -48,22 +47,6 @@ def build_strategy(config: AppConfig, **run: Any) -> FederatedStrategy:
     """Instantiate the strategy class named by ``strategy._target_`` (validated in fl_app.config), with the
     run's extras (metrics writer, checkpoint directory, checkpoint to resume, ``on_accounted``)."""
     return get_class(config.strategy.target)(config, **run)
-
-
-def make_evaluate_fn(config: AppConfig) -> EvaluateFn:
-    """Global test-set evaluation of the global model (docs/running.md) in Flower's form; model, test set built once."""
-    test = load_split(config.dataset.name, config.dataset.data_dir, train=False, download=config.dataset.download)
-    n = config.dataset.max_test_samples or len(test)
-    test_x, test_y = test.x[:n], test.y[:n]
-    device = resolve_device(config.simulation.device)
-    model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed).to(device)
-
-    def evaluate_fn(server_round: int, arrays: ArrayRecord) -> MetricRecord:
-        set_weights(model, arrays.to_numpy_ndarrays())
-        loss, accuracy = evaluate(model, test_x, test_y, device)
-        return MetricRecord({"test_loss": loss, "test_accuracy": accuracy})
-
-    return evaluate_fn
 
 
 def _save_model_atomic(path: Path, names: list[str], weights: list[np.ndarray]) -> None:
@@ -133,7 +116,7 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         metrics.close()
         raise
     run_file.update(**strategy.dp_guarantee())
-    evaluate_fn = make_evaluate_fn(config)
+    evaluate_fn = central_evaluate_fn(config)
     try:
         result = strategy.start(
             grid,

@@ -84,7 +84,7 @@ from strategies.rounds import RoundOutcome, RoundPlan, train_messages
 from strategies.run_loop import RoundLoop
 from strategies.run_state import RunState
 from strategies.settings import CohortSize, RunSettings, check_cohort_engine, is_simulation
-from strategies.statistics import ClientStatistics
+from strategies.statistics import ClientStatistics, released_line
 
 #: Called with the strategy whenever what it has released and accounted changes (after a resume's accounting and
 #: after every round's, before the round's model can leave the server): the ServerApp rewrites run.json.
@@ -448,6 +448,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             self.on_accounted(self)
         outcome.published = self.published_statistics(server_round, outcome.stats)
         self.last_outcome = outcome
+        if self.metrics is None:  # start() with a metrics writer prints its own line; any other loop gets this one
+            log(INFO, "Round %d released: %s", server_round, released_line(self, outcome.published))
 
     def round_released(self, plan: RoundPlan) -> None:
         """Called once the round ``plan`` is released and logged, before it is accounted and checkpointed (and for a

@@ -88,3 +88,16 @@ class ClientStatistics:
             # The fixed denominator m, like the update average; the noisy value may leave [0, 1].
             public["fraction_clipped_noisy"] = noisy / expected_clients
         return public
+
+
+def released_line(strategy: Any, published: dict[str, Any]) -> str:
+    """One round's progress as the DP hooks log it: ε so far and, as far as they are published, the counts of
+    accepted and rejected clients."""
+    parts = []
+    if strategy.private:
+        parts.append(f"epsilon={strategy.epsilon():.4g} (delta={strategy.config.privacy.delta:.3g})")
+    if "aggregated" in published:
+        rejected = sum(int(published.get(k, 0)) for k in ("rejected_malformed", "rejected_nonfinite", "rejected_shape"))
+        parts.append(f"{published['aggregated']} of {published.get('sampled', '?')} sampled clients accepted, "
+                     f"{published.get('failed', 0)} failed, {rejected} rejected")  # fmt: skip
+    return "; ".join(parts) or "no statistics published"

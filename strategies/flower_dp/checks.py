@@ -1,28 +1,35 @@
 """What ClientLevelDP accepts: the inner strategies whose aggregate is an unweighted mean of the replies (and the
-unit weight that makes it one), and its own arguments, all refused before the first message."""
+unit weight that makes it one), and its own arguments — the privacy ones by the rules our strategies' ``privacy``
+config is validated by (:func:`fl_app.config.privacy._validate_privacy`, called here, not restated) — all refused
+before the first message."""
 
 from __future__ import annotations
 
-import math
+from typing import Any
 
 import numpy as np
 from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
 from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fl_app.core.choices import ACCOUNTANTS, AMPLIFIED_SAMPLINGS
+from fl_app.config import ConfigError, PrivacyConfig
+from fl_app.config.privacy import _validate_privacy
+from fl_app.core.choices import AMPLIFIED_SAMPLINGS
+from fl_app.instructions import STREAM_SAMPLING, STREAM_SERVER_NOISE
 
 #: The MetricRecord key the inner strategy must weight by (``FedAvg(weighted_by_key=UNIT_WEIGHT)``): the wrapper
 #: sets it to 1 in every reply it forwards, so the inner strategy's weighted mean is the unweighted one.
 UNIT_WEIGHT = "dp-unit-weight"
 
-#: Purpose keys of the seeded streams (``secure=False``): the k-th round the wrapper starts
-#: (:attr:`ClientLevelDP.rounds_started`; the server round under one ``Strategy.start``) samples from (seed, k,
-#: SAMPLING_STREAM) and draws its noise from (seed, k, NOISE_STREAM) (:func:`fl_app.privacy.mechanisms.random_source`).
-#: Keyed by k, not by the server round: a second ``start()`` on the same wrapper counts its rounds from 1 again, and
-#: a round keyed by the server round would release a second model with an already released noise draw.
-SAMPLING_STREAM = 1
-NOISE_STREAM = 2
+#: Purpose keys of the seeded streams (``secure=False``), our strategies' (fl_app/instructions.py): the k-th round
+#: the wrapper starts (:attr:`ClientLevelDP.rounds_started`; the server round under one ``Strategy.start``) samples
+#: from (seed, k, SAMPLING_STREAM) and draws its noise from (seed, k, NOISE_STREAM)
+#: (:func:`fl_app.privacy.mechanisms.random_source`), as round k of our strategies does with
+#: ``privacy.noise_stream=shared``. Keyed by k, not by the server round: a second ``start()`` on the same wrapper
+#: counts its rounds from 1 again, and a round keyed by the server round would release a second model with an
+#: already released noise draw.
+SAMPLING_STREAM = STREAM_SAMPLING
+NOISE_STREAM = STREAM_SERVER_NOISE
 
 #: Flower strategies whose ``aggregate_train`` is FedAvg's mean of the replies' arrays (weighted by
 #: ``weighted_by_key``), possibly followed by a server step that uses only that mean and the strategy's own state:
@@ -89,7 +96,7 @@ def check_inner_strategy(strategy: object, num_clients: int) -> None:
             )
 
 
-def _check_arguments(
+def check_arguments(
     num_clients: object,
     sample_rate: object,
     clip_norm: object,
@@ -100,48 +107,44 @@ def _check_arguments(
     max_epsilon: object,
     secure: object,
     seed: object,
-) -> None:
-    def real(value: object) -> bool:
-        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
-
-    def integer(value: object) -> bool:
-        return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-
-    if not integer(num_clients) or num_clients < 1:  # type: ignore[operator]
-        raise ValueError(f"num_clients (the population M) must be a positive int, got {num_clients!r}")
-    if not real(sample_rate) or not 0.0 < sample_rate <= 1.0:  # type: ignore[operator]
-        raise ValueError(f"sample_rate q must be in (0, 1], got {sample_rate!r}")
-    if not real(clip_norm) or not (clip_norm > 0 and math.isfinite(clip_norm)):  # type: ignore[operator,arg-type]
-        raise ValueError(f"clip_norm C must be a positive finite number, got {clip_norm!r}")
-    if not real(noise_multiplier) or not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):  # type: ignore[operator,arg-type]
-        raise ValueError(
-            f"noise_multiplier σ must be a positive finite number (σ = 0 releases the average without noise: no "
-            f"privacy at all), got {noise_multiplier!r}"
-        )
-    if not real(delta) or not 0.0 < delta < 1.0:  # type: ignore[operator]
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-    if sampling not in AMPLIFIED_SAMPLINGS:
-        raise ValueError(f"sampling must be one of {AMPLIFIED_SAMPLINGS}, got {sampling!r}")
-    if accountant not in ACCOUNTANTS:
-        raise ValueError(f"accountant must be one of {ACCOUNTANTS}, got {accountant!r}")
-    if sampling == "fixed":
-        size = sample_rate * num_clients  # type: ignore[operator]
-        if abs(size - round(size)) > 1e-6 or round(size) < 1:
-            raise ValueError(
-                f"sampling='fixed' draws exactly m = q*M clients, but q*M = {size} is not a positive whole number"
-            )
-        if accountant != "rdp":
-            raise ValueError(
-                f"accountant={accountant!r} cannot account sampling='fixed' (without replacement): only 'rdp' does"
-            )
-    if max_epsilon is not None and (not real(max_epsilon) or not (max_epsilon > 0 and math.isfinite(max_epsilon))):  # type: ignore[operator,arg-type]
-        raise ValueError(f"max_epsilon must be None or a positive finite number, got {max_epsilon!r}")
+) -> PrivacyConfig:
+    """The wrapper's arguments, validated: num_clients, secure and seed here (our strategies take them from other
+    config sections); the privacy ones by the ``privacy`` config's own validator, so they follow our strategies'
+    rules exactly (σ = 0 is accepted, ε is then ∞; ``delta=None`` is 1/M; ``sampling="auto"`` is Poisson;
+    ``sampling="fixed"`` needs a whole q·M and, by name, the ``rdp`` accountant). An ``accountant`` that is not a
+    name is judged by the ledger it is given to (:class:`fl_app.privacy.ledger.SampledGaussianLedger`), as our
+    strategies' constructor does. Raises :class:`~fl_app.config.ConfigError` (a ValueError) naming the argument."""
+    if not _integer(num_clients) or num_clients < 1:  # type: ignore[operator]
+        raise ConfigError(f"ClientLevelDP argument num_clients={num_clients!r}: allowed a positive int (M)")
     if not isinstance(secure, (bool, np.bool_)):
-        raise ValueError(f"secure must be a bool, got {secure!r}")
-    if not integer(seed) or seed < 0:  # type: ignore[operator]
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        raise ConfigError(f"ClientLevelDP argument secure={secure!r}: allowed True or False")
+    if not _integer(seed) or seed < 0:  # type: ignore[operator]
+        raise ConfigError(f"ClientLevelDP argument seed={seed!r}: allowed a non-negative int")
+    section = {
+        "clip_norm": _plain(clip_norm),
+        "noise_multiplier": _plain(noise_multiplier),
+        "sample_rate": _plain(sample_rate),
+        "sampling": sampling,
+        # A Flower accountant instance says its sampling itself (the ledger checks it against ``sampling``).
+        "accountant": accountant if isinstance(accountant, str) else "rdp",
+        "delta": _plain(delta),
+        "max_epsilon": _plain(max_epsilon),
+        "placement": "server",
+        "secure_noise": bool(secure),
+        "client_statistics": "none",
+    }
+    try:
+        return _validate_privacy(section, int(num_clients), samplings=AMPLIFIED_SAMPLINGS, strategy="ClientLevelDP")
+    except ConfigError as exc:  # the config's message names privacy.<key>: the argument has the key's name
+        raise ConfigError(str(exc).replace("invalid config value privacy.", "ClientLevelDP argument ", 1)) from None
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Records
-# ----------------------------------------------------------------------------------------------------------------
+def _integer(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python number the config's readers take (np.float32(0.5) -> 0.5); others unchanged."""
+    if isinstance(value, (np.integer, np.floating)) and not isinstance(value, np.bool_):
+        return value.item()
+    return value

@@ -72,3 +72,19 @@ def test_a_round_with_nobody_sampled_is_not_empty() -> None:
     watch.observe(5, sampled=3, accepted=0, causes={"unanswered": "3 client(s) sent no reply before round_timeout"})
     with pytest.raises(NoUpdateAcceptedError, match="unanswered: 3 client"):
         watch.observe(6, sampled=3, accepted=0, causes={"unanswered": "3 client(s) sent no reply before round_timeout"})
+
+
+def test_the_hooks_log_a_line_per_round_where_no_metrics_writer_does(caplog) -> None:
+    """Any loop over Flower's hooks (here start() without ``metrics=``) gets one line per released round: ε, and the
+    client counts where they are published."""
+    strategy = build(*POP)
+    with caplog.at_level(logging.INFO):
+        strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=2)
+    eps = compute_epsilon(0.95, 0.2, 2, 1 / 50)
+    assert f"Round 2 released: epsilon={eps:.4g} (delta=0.02); " in caplog.text
+    assert "sampled clients accepted, 0 failed, 0 rejected" in caplog.text
+    quiet = build(*POP, "privacy.client_statistics=none")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        quiet.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
+    assert "Round 1 released: epsilon=" in caplog.text and "accepted" not in caplog.text

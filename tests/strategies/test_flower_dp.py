@@ -1,6 +1,8 @@
-"""strategies/flower_dp.py: client-level DP (DP-FedAvg; SPEC §1, §2, §7) as a wrapper around Flower's own strategies,
-run by Flower's own ``Strategy.start`` over an in-process grid whose nodes run a test-local ``ClientApp`` (a few SGD
-steps of linear regression on synthetic data), every message through Flower's wire format."""
+"""strategies/flower_dp/: client-level DP (DP-FedAvg; docs/client_level_dp.md) as a wrapper around Flower's own
+strategies, run by Flower's own ``Strategy.start`` over an in-process grid whose nodes run a test-local ``ClientApp``
+(a few SGD steps of linear regression on synthetic data), every message through Flower's wire format; and its parity
+with our strategies (section 7: the accountant, the privacy events, the privacy arguments' rules, the seeded
+streams)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,14 @@ import pytest
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.serde import message_from_proto, message_to_proto
+from flwr.serverapp import (
+    GaussianPrivacyEvent,
+    NeighboringRelation,
+    PrivacyAccountant,
+    PrivacyConfig,
+    RdpAccountant,
+    SamplingMethod,
+)
 from flwr.serverapp.strategy import (
     Bulyan,
     DifferentialPrivacyServerSideFixedClipping,
@@ -32,9 +42,15 @@ from flwr.serverapp.strategy import (
 )
 from flwr.superlink.grid import InMemoryGrid
 
+from fl_app.config import ConfigError
+from fl_app.instructions import STREAM_SAMPLING, STREAM_SERVER_NOISE
 from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.accountants import SampledGaussianEvent
 from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import ReleaseLog, model_digest
+from strategies import DPFedAvg
+from strategies.empty_rounds import NoUpdateAcceptedError
 from strategies.flower_dp import NOISE_STREAM, SAMPLING_STREAM, UNIT_WEIGHT, ClientLevelDP
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
@@ -152,15 +168,16 @@ def wrapper(inner: Strategy | None = None, **overrides) -> ClientLevelDP:
 
 
 def sampled_nodes(seed: int, k: int, population: int, q: float) -> list[int]:
-    """The nodes the seeded Poisson sampler picks in the k-th round the wrapper starts (nodes 1..M, sorted)."""
-    rng = mech.random_source(False, seed, k, SAMPLING_STREAM)
+    """The nodes the seeded Poisson sampler picks in the k-th round the wrapper starts (nodes 1..M, sorted): our
+    strategies' sampling stream (seed, k, STREAM_SAMPLING)."""
+    rng = mech.random_source(False, seed, k, STREAM_SAMPLING)
     return [int(i) + 1 for i in mech.poisson_sample(population, q, rng)]
 
 
 def round_noise(seed: int, k: int, std: float) -> list[np.ndarray]:
-    """Z of the k-th seeded round, drawn here independently of the wrapper: (seed, k, NOISE_STREAM), tensor by
-    tensor."""
-    rng = mech.random_source(False, seed, k, NOISE_STREAM)
+    """Z of the k-th seeded round, drawn here independently of the wrapper: our strategies' server noise stream
+    (seed, k, STREAM_SERVER_NOISE), tensor by tensor."""
+    rng = mech.random_source(False, seed, k, STREAM_SERVER_NOISE)
     return mech.add_gaussian_noise([np.zeros(DIM), np.zeros(1)], std, rng)
 
 
@@ -391,7 +408,7 @@ def test_inner_settings_that_sample_wait_or_read_the_replies_are_refused(inner: 
 
 
 @pytest.mark.parametrize(
-    ("overrides", "match"),
+    ("overrides", "argument"),
     [
         ({"num_clients": 0}, "num_clients"),
         ({"num_clients": 10.0}, "num_clients"),
@@ -400,23 +417,34 @@ def test_inner_settings_that_sample_wait_or_read_the_replies_are_refused(inner: 
         ({"sample_rate": 1.5}, "sample_rate"),
         ({"clip_norm": 0.0}, "clip_norm"),
         ({"clip_norm": math.inf}, "clip_norm"),
-        ({"noise_multiplier": 0.0}, "no privacy"),
+        ({"noise_multiplier": -0.5}, "noise_multiplier"),
         ({"noise_multiplier": math.nan}, "noise_multiplier"),
+        ({"noise_multiplier": math.inf}, "noise_multiplier"),
+        ({"noise_multiplier": True}, "noise_multiplier"),
         ({"delta": 0.0}, "delta"),
         ({"delta": 1.0}, "delta"),
         ({"sampling": "uniform"}, "sampling"),
+        ({"sampling": "cyclic"}, "sampling"),  # a participation-rule sampler: not what this accounting assumes
         ({"accountant": "gdp"}, "accountant"),
-        ({"sampling": "fixed", "sample_rate": 0.25}, "whole number"),
-        ({"sampling": "fixed", "accountant": "prv"}, "only 'rdp'"),
+        ({"sampling": "fixed", "sample_rate": 0.25}, "sample_rate"),  # q*M = 2.5 is not a whole number
+        ({"sampling": "fixed", "accountant": "prv"}, "accountant"),
         ({"max_epsilon": 0.0}, "max_epsilon"),
         ({"max_epsilon": math.inf}, "max_epsilon"),
         ({"secure": 1}, "secure"),
         ({"seed": -1}, "seed"),
     ],
 )
-def test_arguments_are_validated(overrides: dict, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_arguments_are_validated_and_the_message_names_the_argument(overrides: dict, argument: str) -> None:
+    with pytest.raises(ValueError, match=f"^ClientLevelDP argument {argument}="):
         wrapper(**overrides)
+
+
+def test_numpy_scalars_are_taken_as_the_numbers_they_hold() -> None:
+    strategy = wrapper(
+        num_clients=np.int64(10), sample_rate=np.float32(0.5), clip_norm=np.float64(1.0), seed=np.int32(3)
+    )
+    assert (strategy.num_clients, strategy.sample_rate, strategy.clip_norm, strategy.seed) == (10, 0.5, 1.0, 3)
+    assert type(strategy.sample_rate) is float and strategy.expected_clients == 5.0
 
 
 def test_a_grid_whose_nodes_are_not_the_population_is_refused_before_any_message() -> None:
@@ -520,6 +548,21 @@ def test_a_round_with_no_accepted_reply_still_releases_the_noise_and_is_accounte
         np.testing.assert_allclose(got, z, rtol=0, atol=1e-15)  # w = 0: the release is Z
 
 
+def test_a_run_in_which_nobody_trains_fails_after_max_empty_rounds_with_every_release_accounted() -> None:
+    """The same policy as our strategies' (strategies/empty_rounds.py): noise-only rounds are warned about, and after
+    ``max_empty_rounds`` of them in a row the run fails, naming the causes, with each release accounted."""
+
+    def everyone_fails(node: int, message: Message, honest: Message) -> list[Message]:
+        return [Message(Error(code=1, reason="boom"), reply_to=message)]
+
+    strategy = wrapper(sample_rate=1.0, max_empty_rounds=2)
+    grid = ClientAppGrid(nodes=10, tamper=everyone_fails)
+    with pytest.raises(NoUpdateAcceptedError, match=r"2 consecutive rounds .*error: 10 reply\(ies\)"):
+        Strategy.start(strategy, grid, initial(np.float64), num_rounds=5)
+    assert strategy.ledger.rounds == 2
+    assert strategy.epsilon() == pytest.approx(compute_epsilon(SIGMA, 1.0, 2, DELTA), rel=1e-12)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # (6) Budget guard
 # ----------------------------------------------------------------------------------------------------------------
@@ -538,3 +581,171 @@ def test_budget_guard_stops_before_the_round_that_would_pass_max_epsilon(tmp_pat
     assert sorted(result.train_metrics_clientapp) == [1, 2]
     assert ReleaseLog(tmp_path).read()[-1].digest == model_digest(result.arrays.to_numpy_ndarrays())
     assert strategy.aggregate_train(6, []) == (None, None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# (7) Parity with our strategies (strategies/base.py): accountant, privacy events, σ rules, seeded streams
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def ours(**overrides) -> DPFedAvg:
+    """Our DP-FedAvg over the wrapper's default settings (M = 10, q = 0.5, C, σ, δ, seed 3, seeded randomness)."""
+    settings = {"num_clients": 10, "sample_rate": 0.5, "clip_norm": CLIP, "noise_multiplier": SIGMA, "delta": DELTA,
+                "seed": 3, "secure_noise": False}  # fmt: skip
+    settings.update(overrides)
+    return DPFedAvg(**settings)
+
+
+def flower_config(population: int = 10, fixed: bool = False) -> PrivacyConfig:
+    sampling = SamplingMethod.WITHOUT_REPLACEMENT if fixed else SamplingMethod.POISSON
+    relation = NeighboringRelation.REPLACE_ONE if fixed else NeighboringRelation.ADD_OR_REMOVE_ONE
+    return PrivacyConfig(target_delta=DELTA, population_size=population, neighboring_relation=relation,
+                         sampling_method=sampling)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["rdp", "prv", "pld"])
+def test_the_accountant_is_our_ledgers_with_flowers_interface(name: str) -> None:
+    strategy = wrapper(accountant=name)
+    assert strategy.accountant is strategy.ledger.accountant
+    assert PrivacyAccountant in type(strategy.accountant).__mro__  # Flower's Protocol, subclassed explicitly
+    assert isinstance(strategy.ledger, SampledGaussianLedger)  # the ledger our strategies keep (make_ledger)
+    reference = SampledGaussianLedger(DELTA, name, "poisson", 10).accountant
+    assert type(strategy.accountant) is type(reference)
+    assert strategy.accountant.state_dict() == reference.state_dict()
+    assert strategy.dp_guarantee()["accountant"] == name
+
+
+def test_the_accountant_accounts_every_release_and_answers_flowers_questions() -> None:
+    strategy = wrapper()
+    Strategy.start(strategy, ClientAppGrid(nodes=10), initial(), num_rounds=2)
+    accountant = strategy.accountant
+    assert accountant.num_releases == 2
+    assert accountant.get_epsilon(DELTA) == pytest.approx(compute_epsilon(SIGMA, 0.5, 2, DELTA), rel=1e-12)
+    assert accountant.get_epsilon(DELTA) == strategy.epsilon()
+    assert accountant.get_privacy_spent(DELTA).num_releases == 2
+
+
+def test_releases_compose_our_strategies_privacy_events_through_the_same_ledger() -> None:
+    strategy, reference = wrapper(), ours()
+    assert strategy.release_events(SIGMA, 0.5) == reference.release_events(SIGMA, 0.5)
+    assert strategy.release_events(SIGMA, 0.5) == [SampledGaussianEvent(SIGMA, 0.5)]
+    Strategy.start(strategy, ClientAppGrid(nodes=10), initial(), num_rounds=3)
+    for _ in range(3):
+        reference.account_round()
+    assert strategy.ledger.state_dict() == reference.ledger.state_dict()  # the same composition, event for event
+    assert strategy.epsilon() == reference.epsilon() == pytest.approx(compute_epsilon(SIGMA, 0.5, 3, DELTA), rel=1e-12)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_a_flower_accountant_instance_accounts_the_releases_as_it_does_for_our_strategies(sampling: str) -> None:
+    fixed = sampling == "fixed"
+    flowers = RdpAccountant(flower_config(fixed=fixed))
+    strategy = wrapper(accountant=flowers, sampling=sampling)
+    assert strategy.accountant is flowers
+    result = Strategy.start(strategy, ClientAppGrid(nodes=10), initial(), num_rounds=2)
+    assert flowers.num_releases == 2 and strategy.rounds_released == 2
+    # Flower's event: m = qM = 5 of M = 10; the multiplier over the relation's sensitivity (2C under replace-one).
+    expected = RdpAccountant(flower_config(fixed=fixed))
+    expected.compose(GaussianPrivacyEvent(SIGMA / 2 if fixed else SIGMA, sample_size=5, population_size=10), 2)
+    assert strategy.epsilon() == pytest.approx(expected.get_epsilon(DELTA), rel=1e-12)
+    assert result.train_metrics_clientapp[2]["dp-epsilon"] == pytest.approx(expected.get_epsilon(DELTA), rel=1e-12)
+    assert strategy.dp_guarantee()["accountant"] == "flwr-rdp"
+    # Our strategy given the same kind of accountant spends the same.
+    reference = ours(sampling=sampling, accountant=RdpAccountant(flower_config(fixed=fixed)))
+    for _ in range(2):
+        reference.account_round()
+    assert reference.epsilon() == strategy.epsilon()
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: {"accountant": RdpAccountant(flower_config(population=11))}, ValueError, "population_size"),
+        (lambda: {"accountant": RdpAccountant(flower_config(fixed=True))}, ValueError, "sampling_method"),
+        (lambda: {"accountant": RdpAccountant(flower_config()), "noise_multiplier": 0.0}, ValueError,
+         "^ClientLevelDP argument accountant=flwr-rdp: .*σ > 0"),
+        (lambda: {"accountant": RdpAccountant(flower_config()), "sample_rate": 0.25}, ValueError,
+         "^ClientLevelDP argument accountant=flwr-rdp: .*not an integer"),
+        (lambda: {"accountant": object()}, TypeError, "PrivacyAccountant interface"),
+    ],
+    ids=["population", "sampling", "sigma-0", "fractional-m", "not-an-accountant"],
+)  # fmt: skip
+def test_a_flower_accountant_that_cannot_account_the_run_is_refused_at_construction(make, error, match) -> None:
+    with pytest.raises(error, match=match):
+        wrapper(**make())
+
+
+def test_sigma_zero_runs_without_noise_and_states_epsilon_as_our_strategies_do(tmp_path: Path) -> None:
+    strategy = wrapper(noise_multiplier=0.0, release_dir=tmp_path)
+    assert strategy.noise_std == 0.0
+    grid = ClientAppGrid(nodes=10)
+    result = Strategy.start(strategy, grid, initial(np.float64), num_rounds=2)
+    # w + (1/m) Σ clip(Δ_i, C), no noise (round_noise of std 0 is zeros).
+    for got, want in zip(weights(result.arrays), expected_release(grid, 1, strategy), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+    assert strategy.rounds_released == 2 and [r.noise_multiplier for r in ReleaseLog(tmp_path).read()] == [0.0, 0.0]
+    assert strategy.epsilon() == math.inf and strategy.accountant.get_epsilon(DELTA) == math.inf
+    assert result.train_metrics_clientapp[2]["dp-epsilon"] == math.inf
+    # Our DP-FedAvg with σ = 0 accounts the same events and states the same claim.
+    reference = ours(noise_multiplier=0.0)
+    for _ in range(2):
+        reference.account_round()
+    assert reference.epsilon() == math.inf
+    assert (
+        strategy.dp_guarantee()["statement"]
+        == reference.dp_guarantee()["dp_guarantee"]
+        == (f"client-level (inf, {DELTA:.3g})-DP")
+    )
+    assert strategy.ledger.state_dict() == reference.ledger.state_dict()
+
+
+def test_sigma_zero_under_a_budget_stops_before_the_first_round_as_our_strategies_do() -> None:
+    strategy = wrapper(noise_multiplier=0.0, max_epsilon=10.0)
+    grid = ClientAppGrid(nodes=10)
+    result = Strategy.start(strategy, grid, initial(), num_rounds=3)
+    assert [nodes for kind, nodes in grid.calls if kind != MessageType.EVALUATE] == [[], [], []]  # nothing sent
+    assert strategy.rounds_released == 0 and strategy.epsilon() == 0.0
+    assert strategy.stop_reason is not None and "max_epsilon" in strategy.stop_reason
+    assert result.train_metrics_clientapp == {}
+    assert ours(noise_multiplier=0.0, max_epsilon=10.0).over_budget(1) is not None
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"noise_multiplier": 0.0},
+        {"noise_multiplier": -1.0},
+        {"delta": None},
+        {"sampling": "fixed", "accountant": "prv"},
+    ],
+    ids=["sigma-0", "sigma-negative", "delta-none", "fixed-prv"],
+)
+def test_privacy_arguments_are_accepted_and_refused_as_our_strategies_config_does(overrides: dict) -> None:
+    try:
+        reference = ours(**overrides)
+    except ConfigError as refused:
+        key = str(refused).split("=")[0].removeprefix("invalid config value privacy.")
+        with pytest.raises(ConfigError, match=f"^ClientLevelDP argument {key}="):
+            wrapper(**overrides)
+        return
+    strategy = wrapper(**overrides)
+    p = reference.config.privacy
+    assert (strategy.noise_multiplier, strategy.delta, strategy.sampling) == (p.noise_multiplier, p.delta, p.sampling)
+    assert strategy.accountant_name == p.accountant
+
+
+def test_seeded_sampling_and_noise_are_our_strategies_streams() -> None:
+    assert (SAMPLING_STREAM, NOISE_STREAM) == (STREAM_SAMPLING, STREAM_SERVER_NOISE)
+    strategy, reference = wrapper(), ours()
+    grid = ClientAppGrid(nodes=10)
+    result = Strategy.start(strategy, grid, initial(np.float64), num_rounds=2)
+    # Round k samples the clients our DP-FedAvg of the same seed samples in round k (node = client + 1)...
+    assert grid.train_calls() == [[int(c) + 1 for c in reference.sample_clients(k)] for k in (1, 2)]
+    # ... and draws its noise from the stream our strategies' server noise of round k comes from.
+    assert reference.noise_key is None  # privacy.noise_stream=shared: the seed's stream
+    ours_noise = mech.add_gaussian_noise([np.zeros(DIM), np.zeros(1)], strategy.noise_std,
+                                         reference.noise_rng(2, STREAM_SERVER_NOISE))  # fmt: skip
+    for a, b in zip(ours_noise, round_noise(3, 2, strategy.noise_std), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for got, want in zip(weights(result.arrays), expected_release(grid, 1, strategy), strict=True):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
