@@ -50,6 +50,7 @@ from flwr.serverapp.strategy import Strategy
 from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
 from fl_app.core.choices import AMPLIFIED_SAMPLINGS, LocalOptimizer
+from fl_app.empty_rounds import EmptyRoundWatch
 from fl_app.instructions import (
     STREAM_SAMPLING,
     LocalTrainingConfig,
@@ -71,7 +72,6 @@ from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
 from strategies.clipping import ClipNorm, clip_norm_for
 from strategies.cohorts import balance_cohorts, cohort_count, local_work
-from strategies.empty_rounds import EmptyRoundWatch
 from strategies.guarantee import Guarantee
 from strategies.noise import update_noise_multiplier
 from strategies.observers import RoundObserver

@@ -228,7 +228,7 @@ def test_a_resume_under_the_same_randomness_continues(tmp_path: Path, strategy: 
 def test_a_run_in_which_no_client_trains_fails_with_its_cause_and_its_epsilon(tmp_path: Path) -> None:
     """Every client fails every round: the run stops after max_empty_rounds, run.json says failed with the cause,
     and states the ε of the noise-only models it released."""
-    from strategies.empty_rounds import NoUpdateAcceptedError
+    from fl_app.empty_rounds import NoUpdateAcceptedError
 
     with pytest.raises(NoUpdateAcceptedError):
         run_federated(FakeGrid("errors"), compose_config([*RUN, "num_rounds=6", "max_empty_rounds=2"]), tmp_path,

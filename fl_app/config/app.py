@@ -51,7 +51,7 @@ class AppConfig:
     audit: AuditConfig = AuditConfig()  # noqa: RUF009
     server_optimizer: ServerOptimizerConfig = ServerOptimizerConfig()  # noqa: RUF009
     #: Consecutive rounds in which clients were sampled but no update was accepted before the run fails (0 = never):
-    #: such rounds release noise only and spend ε while nobody trains (strategies/empty_rounds.py).
+    #: such rounds release noise only and spend ε while nobody trains (fl_app/empty_rounds.py).
     max_empty_rounds: int = 3
 
     def to_dict(self) -> dict[str, Any]:

@@ -179,7 +179,7 @@ def counts(sampled: int, answered: int, replies: int, accepted: int, rejected: C
 
 
 def causes(round_counts: dict[str, Any]) -> dict[str, str]:
-    """Why a round's sampled clients contributed nothing, from :func:`counts` (strategies/empty_rounds.py)."""
+    """Why a round's sampled clients contributed nothing, from :func:`counts` (fl_app/empty_rounds.py)."""
     found = {kind: f"{n} reply(ies)" for kind, n in round_counts["rejected"].items() if n}
     if round_counts["missing"]:
         found["unanswered"] = f"{round_counts['missing']} client(s) sent no reply before the round's timeout"

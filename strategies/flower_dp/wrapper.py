@@ -50,12 +50,12 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from fl_app.core.choices import AccountantName, AmplifiedSampling
+from fl_app.empty_rounds import EmptyRoundWatch
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger, accountant_name
 from fl_app.privacy.pipeline import PrivacyEvent, ReleaseParameters, mechanisms_for
 from fl_app.releases import Release, ReleaseLog, model_digest
-from strategies.empty_rounds import EmptyRoundWatch
 from strategies.flower_dp.checks import (
     NOISE_STREAM,
     SAMPLING_STREAM,
@@ -123,7 +123,7 @@ class ClientLevelDP(Strategy):
         (its rounds would draw the logged rounds' noise again).
     max_empty_rounds : int
         The run fails (``NoUpdateAcceptedError``) after this many rounds in a row with clients sampled and none of
-        their updates accepted, each a noise-only release accounted in ε (strategies/empty_rounds.py); 0 = never.
+        their updates accepted, each a noise-only release accounted in ε (fl_app/empty_rounds.py); 0 = never.
     """
 
     def __init__(

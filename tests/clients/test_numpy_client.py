@@ -1,9 +1,12 @@
-"""Tests for clients/numpy_client.py: Flower NumPyClients under our strategies.
+"""Tests for clients/numpy_client.py and clients/numpy_mod.py: Flower NumPyClients under our strategies and Flower's.
 
-:func:`numpy_client_mod` lets ``ClientApp(client_fn=...)`` (Flower's legacy handler, which reads ``fitins.*``) answer
-our Message-API train messages in Flower's convention; :class:`InstructedNumPyClient` is our client behind it, a
-cohort of one of :func:`clients.cohort.train_cohort`. Every message and reply goes through Flower's wire format to
-the app, called as Flower's engine calls a ClientApp (:class:`tests.helpers.InProcessGrid`).
+:func:`numpy_client_mod` lets ``ClientApp(client_fn=...)`` (Flower's legacy handler, which reads ``fitins.*`` and
+``evaluateins.*``) answer Message-API train and evaluate messages in Flower's convention, keeping the message's array
+keys (``ArrayRecord(model.state_dict())`` under ``ClientLevelDP(FedAdam)``); :class:`InstructedNumPyClient` is our
+client behind it, a cohort of one of :func:`clients.cohort.train_cohort`, which also evaluates the global model on
+its partition. Every message and reply goes through Flower's wire format to the app, called as Flower's engine calls
+a ClientApp (:class:`tests.helpers.InProcessGrid`); tests/integration/test_numpy_client_flwr_run.py runs both on
+Flower's simulation engine.
 
 Our ClientApp (``apps.client_app.train``) and the NumPyClient give the same client: the NumPyClient's trained model
 is, bit for bit, the float32 rounding of global + our ClientApp's update (what a NumPyClient sends is a model, so the
@@ -17,16 +20,23 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
+from flwr.common import FitIns, ndarrays_to_parameters
+from flwr.compat.common.recorddict_compat import fitins_to_recorddict
+from flwr.serverapp.strategy import FedAdam, FedAvg
 
 import clients.numpy_client as numpy_client
 from clients.cohort import CohortResult
+from clients.local_update import client_data
 from clients.numpy_client import ClientRejectedError, InstructedNumPyClient, numpy_client_mod, unpack_mask
+from clients.numpy_mod import keyed
 from fl_app.instructions import CohortReply, FlowerReply
-from fl_app.models import build_model_for_dataset, get_weights
+from fl_app.models import build_model_for_dataset, evaluate, get_weights, set_weights
 from strategies.base import FederatedStrategy
+from strategies.flower_dp import UNIT_WEIGHT, ClientLevelDP
 from strategies.rounds import RoundPlan
 from tests.helpers import InProcessGrid, build
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
@@ -69,6 +79,12 @@ class Spy(NumPyClient):
     def fit(self, parameters, config):
         Spy.seen.append({"parameters": parameters, "config": dict(config), "node_config": self.node_config})
         return [p + 1 for p in parameters], 7, {"accuracy": 0.5, "note": "a string is not a metric", "steps": 3}
+
+    def evaluate(self, parameters, config):
+        """Answers loss 1 + partition, 5 + partition examples (distinct per node, for the weighted mean)."""
+        pid = int(self.node_config["partition-id"])
+        Spy.seen.append({"evaluate": True, "parameters": parameters, "config": dict(config)})
+        return 1.0 + pid, 5 + pid, {"accuracy": 0.25 * pid, "note": "a string is not a metric"}
 
 
 def _spy_app() -> ClientApp:
@@ -115,14 +131,21 @@ def test_the_mod_carries_the_round_mask() -> None:
         assert all(m.dtype == np.bool_ for m in mask)
 
 
-def test_a_message_carrying_a_cohort_is_refused() -> None:
+def test_a_message_carrying_a_cohort_is_refused_naming_the_setting() -> None:
+    """A NumPyClient's reply is one client's model, screened and clipped by the server as one client's update: a
+    cohort message (``simulation.cohort_size`` other than 1) gets an error reply naming ``simulation.cohort_size=1``,
+    before any client is built, and the server counts each of its partitions as failed."""
     overrides = [o for o in SMALL if not o.startswith("simulation.cohort_size=")]
     strategy = build("strategy=dp_fedsam", *overrides, "simulation.cohort_size=2")
     plan = _plan(strategy, _initial())
     assert [len(ids) for _, ids in plan.sent] == [2]
-    (answer,) = InProcessGrid(nodes=2, app=_spy_app()).send_and_receive(plan.messages)
+    replies = InProcessGrid(nodes=2, app=_spy_app()).send_and_receive(plan.messages)
+    (answer,) = replies
     assert answer.has_error() and "simulation.cohort_size=1" in answer.error.reason
+    assert "carries 2" in answer.error.reason
     assert Spy.seen == []
+    outcome = strategy.aggregate(plan, replies)
+    assert outcome.stats["failed"] == 2 and outcome.stats["aggregated"] == 0
 
 
 def test_the_mod_answers_the_partition_query() -> None:
@@ -131,6 +154,104 @@ def test_the_mod_answers_the_partition_query() -> None:
     )
     (answer,) = InProcessGrid(nodes=3, app=_spy_app()).send_and_receive([query])
     assert dict(answer.content["partition"]) == {"partition-id": 1, "num-partitions": 3}
+
+
+# ----- the array keys, evaluate, Flower's own strategies -------------------------------------------------------------
+
+
+def _state_dict_arrays() -> tuple[ArrayRecord, list[str]]:
+    """The Flower idiom for a model's arrays: ``ArrayRecord(model.state_dict())``, keyed by the state_dict (a small
+    torch model: ``0.weight``, ``0.bias``, ``2.weight``, ``2.bias``)."""
+    torch.manual_seed(0)
+    state = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.Linear(36, 10)).state_dict()
+    return ArrayRecord(state), list(state)
+
+
+@pytest.mark.parametrize("record_key", ["arrays", "weights"])
+def test_the_reply_carries_the_messages_array_keys_in_their_order(record_key: str) -> None:
+    arrays, keys = _state_dict_arrays()
+    grid = InProcessGrid(nodes=2, app=_spy_app())
+    strategy = FedAvg(min_available_nodes=2, arrayrecord_key=record_key, configrecord_key=f"{record_key}-config")
+    replies = grid.send_and_receive(strategy.configure_train(1, arrays, ConfigRecord({"lr": 0.1}), grid))
+    assert len(replies) == len(Spy.seen) == 2
+    sent = [arrays[key].numpy() for key in keys]
+    for seen, answer in zip(Spy.seen, replies, strict=True):
+        # In: the NumPyClient gets the arrays in the message's order, and the message's config.
+        assert all(np.array_equal(p, a) for p, a in zip(seen["parameters"], sent, strict=True))
+        assert seen["config"] == {"lr": 0.1, "server-round": 1}
+        # Out: its list comes back under the key the model came under, with the message's array keys in order.
+        assert sorted(answer.content.keys()) == sorted([record_key, "metrics"])
+        record = answer.content[record_key]
+        assert list(record.keys()) == keys
+        assert all(np.array_equal(record[k].numpy(), a + 1) for k, a in zip(keys, sent, strict=True))
+        assert dict(answer.content["metrics"]) == {"accuracy": 0.5, "steps": 3, "num-examples": 7}
+    # A list of another length keeps Flower's numbered keys: the strategy rejects it as a model of other shapes.
+    assert list(keyed(sent[:-1], keys).keys()) == [str(i) for i in range(len(keys) - 1)]
+
+
+def test_client_level_dp_fedadam_takes_a_numpy_clients_state_dict_replies_and_its_evaluation() -> None:
+    """``ClientLevelDP(FedAdam)`` run by Flower's ``start`` from ``ArrayRecord(model.state_dict())``
+    with Flower's default ``fraction_evaluate=1.0``, every node a NumPyClient behind our mod."""
+    arrays, keys = _state_dict_arrays()
+    inner = FedAdam(weighted_by_key=UNIT_WEIGHT, min_available_nodes=4, min_train_nodes=4, min_evaluate_nodes=4)
+    strategy = ClientLevelDP(inner, num_clients=4, sample_rate=0.5, sampling="fixed", clip_norm=1.0,
+                             noise_multiplier=1.0, delta=1e-3, secure=False)  # fmt: skip
+    result = strategy.start(InProcessGrid(nodes=4, app=_spy_app()), arrays, num_rounds=2)
+    fits = [seen for seen in Spy.seen if "evaluate" not in seen]
+    evaluations = [seen for seen in Spy.seen if "evaluate" in seen]
+    assert len(fits) == 2 * 2 and len(evaluations) == 2 * 4  # m = 2 train a round; every node evaluates
+    # Every reply bound, screened and accepted (before: every one rejected as "shape"); the release accounted.
+    counts = strategy.last_round_counts
+    assert counts is not None and counts["accepted"] == 2 and sum(counts["rejected"].values()) == 0
+    assert strategy.rounds_released == 2
+    assert list(result.arrays.keys()) == keys
+    # The nodes evaluated the released model; FedAdam's mean of their metrics, each reply of unit weight
+    # (ClientLevelDP): loss 1 + partition and accuracy 0.25 * partition over partitions 0..3.
+    released = [result.arrays[key].numpy() for key in keys]
+    for seen in evaluations[-4:]:
+        assert all(np.array_equal(p, r) for p, r in zip(seen["parameters"], released, strict=True))
+    for server_round in (1, 2):
+        metrics = result.evaluate_metrics_clientapp[server_round]
+        assert metrics["loss"] == pytest.approx(2.5) and metrics["accuracy"] == pytest.approx(0.375)
+
+
+def test_an_evaluate_message_round_trips_through_the_numpy_clients_evaluate() -> None:
+    """Flower's evaluate message (``arrays`` + ``config``) reaches ``NumPyClient.evaluate`` as
+    ``EvaluateIns``, and the ``EvaluateRes`` comes back as the one MetricRecord ``FedAvg.aggregate_evaluate``
+    averages by ``num-examples``."""
+    arrays, keys = _state_dict_arrays()
+    grid = InProcessGrid(nodes=2, app=_spy_app())
+    strategy = FedAvg(min_available_nodes=2, min_evaluate_nodes=2)
+    replies = grid.send_and_receive(strategy.configure_evaluate(3, arrays, ConfigRecord({"batch": 8}), grid))
+    assert len(Spy.seen) == len(replies) == 2
+    for seen in Spy.seen:
+        assert all(np.array_equal(p, arrays[k].numpy()) for p, k in zip(seen["parameters"], keys, strict=True))
+        assert seen["config"] == {"batch": 8, "server-round": 3}
+    for answer in replies:
+        pid = answer.metadata.src_node_id - 1  # the node's own partition: Flower's message names none
+        assert list(answer.content.keys()) == ["metrics"]
+        assert dict(answer.content["metrics"]) == {"accuracy": 0.25 * pid, "loss": 1.0 + pid, "num-examples": 5 + pid}
+    aggregated = strategy.aggregate_evaluate(3, replies)
+    assert aggregated is not None
+    assert aggregated["loss"] == pytest.approx((1.0 * 5 + 2.0 * 6) / 11)
+    assert aggregated["accuracy"] == pytest.approx((0.0 * 5 + 0.25 * 6) / 11)
+
+
+def test_a_numpy_client_without_evaluate_answers_an_error_and_legacy_messages_pass_through() -> None:
+    class FitOnly(NumPyClient):
+        def fit(self, parameters, config):
+            return parameters, 1, {}
+
+    app = ClientApp(client_fn=lambda context: FitOnly().to_client(), mods=[numpy_client_mod])
+    grid = InProcessGrid(nodes=1, app=app)
+    arrays, _ = _state_dict_arrays()
+    strategy = FedAvg(min_available_nodes=1, min_evaluate_nodes=1)
+    (answer,) = grid.send_and_receive(strategy.configure_evaluate(1, arrays, ConfigRecord(), grid))
+    assert answer.has_error() and "evaluate failed" in answer.error.reason  # not KeyError: 'evaluateins.parameters'
+    # A legacy message (fitins.*) is Flower's legacy handler's: the mod leaves it and its reply alone.
+    legacy = fitins_to_recorddict(FitIns(ndarrays_to_parameters([np.ones(3, np.float32)]), {"lr": 0.1}), True)
+    (answer,) = grid.send_and_receive([Message(legacy, dst_node_id=1, message_type=MessageType.TRAIN)])
+    assert "fitres.parameters" in answer.content and "arrays" not in answer.content
 
 
 # ----- InstructedNumPyClient ----------------------------------------------------------------------------------------
@@ -176,6 +297,44 @@ def test_fit_returns_global_plus_the_cohort_paths_update_and_raises_for_a_reject
     monkeypatch.setattr(numpy_client, "train_cohort", rejected)
     with pytest.raises(ClientRejectedError, match="partition 4: nonfinite"):
         client.fit(initial, _fit_config(strategy))
+
+
+def _evaluated_directly(weights: list[np.ndarray], strategy: FederatedStrategy, pid: int) -> tuple[float, float, int]:
+    """Loss, accuracy and size of partition ``pid`` for a freshly built model holding ``weights``."""
+    x, y = client_data(strategy.train_instructions(SERVER_ROUND).data, pid)
+    model = build_model_for_dataset("cnn", "fashion_mnist", seed=1)
+    set_weights(model, weights)
+    loss, accuracy = evaluate(model, x, y, torch.device("cpu"))
+    return loss, accuracy, len(y)
+
+
+def test_our_client_evaluates_the_global_model_on_its_partition() -> None:
+    strategy = build("strategy=dp_fedsam", *SMALL)
+    initial = _initial()
+    loss, examples, metrics = InstructedNumPyClient(3).evaluate(initial, _fit_config(strategy))
+    want_loss, want_accuracy, size = _evaluated_directly(initial, strategy, 3)
+    assert examples == size > 0
+    assert loss == pytest.approx(want_loss, rel=1e-5) and metrics == {"accuracy": pytest.approx(want_accuracy)}
+    with pytest.raises(ValueError, match="evaluate needs the data and model"):
+        InstructedNumPyClient(3).evaluate(initial, {"server-round": 1})  # no instructions, no fit before
+
+
+def test_our_app_evaluates_with_the_instructions_of_the_nodes_last_fit() -> None:
+    """Flower's evaluate config is ``{"server-round": t}``: a node evaluates the data and model of its last fit, on
+    its own partition (an evaluate message names none)."""
+    strategy = build("strategy=dp_fedsam", *SMALL)
+    initial = _initial()
+    plan = _plan(strategy, initial)
+    grid = InProcessGrid(nodes=2, app=numpy_client.app)
+    assert not any(reply.has_error() for reply in grid.send_and_receive(plan.messages))
+    content = RecordDict({"arrays": ArrayRecord(initial), "config": ConfigRecord({"server-round": 1})})
+    nodes = sorted({message.metadata.dst_node_id for message in plan.messages})
+    messages = [Message(content, dst_node_id=node, message_type=MessageType.EVALUATE) for node in nodes]
+    for answer in grid.send_and_receive(messages):
+        loss, accuracy, size = _evaluated_directly(initial, strategy, answer.metadata.src_node_id - 1)
+        metrics = answer.content["metrics"]
+        assert sorted(metrics.keys()) == ["accuracy", "loss", "num-examples"] and metrics["num-examples"] == size
+        assert metrics["loss"] == pytest.approx(loss, rel=1e-5) and metrics["accuracy"] == pytest.approx(accuracy)
 
 
 def test_a_client_that_raises_is_an_error_reply_counted_as_failed() -> None:

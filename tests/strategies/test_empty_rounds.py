@@ -1,4 +1,4 @@
-"""Rounds in which nobody trained (strategies/empty_rounds.py): a warning with the causes, and after
+"""Rounds in which nobody trained (fl_app/empty_rounds.py): a warning with the causes, and after
 ``max_empty_rounds`` of them in a row a failed run whose every noise-only release is accounted."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import logging
 import pytest
 from flwr.app import ArrayRecord, Error, Message
 
+from fl_app.empty_rounds import EmptyRoundWatch, NoUpdateAcceptedError
 from fl_app.privacy.accounting import compute_epsilon
-from strategies.empty_rounds import EmptyRoundWatch, NoUpdateAcceptedError
 from tests.helpers import FakeGrid, build, zeros
 
 SHAPES = [(4, 5), (5,)]

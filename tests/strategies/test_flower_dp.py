@@ -43,6 +43,7 @@ from flwr.serverapp.strategy import (
 from flwr.superlink.grid import InMemoryGrid
 
 from fl_app.config import ConfigError
+from fl_app.empty_rounds import NoUpdateAcceptedError
 from fl_app.instructions import STREAM_SAMPLING, STREAM_SERVER_NOISE
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accountants import SampledGaussianEvent
@@ -50,7 +51,6 @@ from fl_app.privacy.accounting import compute_epsilon
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import ReleaseLog, model_digest
 from strategies import DPFedAvg
-from strategies.empty_rounds import NoUpdateAcceptedError
 from strategies.flower_dp import NOISE_STREAM, SAMPLING_STREAM, UNIT_WEIGHT, ClientLevelDP
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
@@ -549,7 +549,7 @@ def test_a_round_with_no_accepted_reply_still_releases_the_noise_and_is_accounte
 
 
 def test_a_run_in_which_nobody_trains_fails_after_max_empty_rounds_with_every_release_accounted() -> None:
-    """The same policy as our strategies' (strategies/empty_rounds.py): noise-only rounds are warned about, and after
+    """The same policy as our strategies' (fl_app/empty_rounds.py): noise-only rounds are warned about, and after
     ``max_empty_rounds`` of them in a row the run fails, naming the causes, with each release accounted."""
 
     def everyone_fails(node: int, message: Message, honest: Message) -> list[Message]:

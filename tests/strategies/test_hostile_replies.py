@@ -48,7 +48,7 @@ POP = (
     "privacy.placement=server",
     "population=virtual",
     # One strategy answers many unrelated rounds (hypothesis examples); a run's policy on consecutive empty rounds
-    # (strategies/empty_rounds.py, tested on its own) has no meaning across them.
+    # (fl_app/empty_rounds.py, tested on its own) has no meaning across them.
     "max_empty_rounds=0",
 )
 C = 0.2
