@@ -1,6 +1,6 @@
 """The GDP parameter μ after T rounds of Noisy-FedAvg (Theorem 3 (a)–(d), Eqs. (15)–(18)) and of Noisy-FedProx
 (Theorem 4, Eq. (19)) of Sun et al., "Convergent Differential Privacy Analysis for General Federated Learning"
-(seed paper 004; line numbers refer to ``/work/shared/papers/004_c0a88d0365c26a19.txt``).
+(theorems, equations and appendices cited by the paper's own numbers).
 
 The formulas are implemented as printed; where the printed paper departs from its own derivation (the missing
 learning-rate factor of Eqs. (16) and (18), the Cauchy–Schwarz value behind Eqs. (15), (16), (19), Theorem 4's

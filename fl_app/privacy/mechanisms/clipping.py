@@ -85,7 +85,7 @@ def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArray
     arrays = _floating_arrays(update, "clip_update")
     norm = global_l2_norm(arrays)
     if not math.isfinite(norm):
-        raise ValueError("cannot clip a non-finite update; reject it before clipping (SPEC §2)")
+        raise ValueError("cannot clip a non-finite update; reject it before clipping (docs/mechanisms.md, clipping)")
     alpha = clip_factor(norm, clip_norm)
     # Compare norms, not α == 1: for a norm one ulp above C, C/norm can round to exactly 1.0.
     if norm <= clip_norm:
