@@ -449,7 +449,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         outcome.published = self.published_statistics(server_round, outcome.stats)
         self.last_outcome = outcome
         if self.metrics is None:  # start() with a metrics writer prints its own line; any other loop gets this one
-            log(INFO, "Round %d released: %s", server_round, released_line(self, outcome.published))
+            epsilon, delta = (self.epsilon(), self.config.privacy.delta) if self.private else (None, None)
+            log(INFO, "Round %d released: %s", server_round, released_line(outcome.published, epsilon, delta))
 
     def round_released(self, plan: RoundPlan) -> None:
         """Called once the round ``plan`` is released and logged, before it is accounted and checkpointed (and for a

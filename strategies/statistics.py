@@ -90,12 +90,10 @@ class ClientStatistics:
         return public
 
 
-def released_line(strategy: Any, published: dict[str, Any]) -> str:
-    """One round's progress as the DP hooks log it: ε so far and, as far as they are published, the counts of
-    accepted and rejected clients."""
-    parts = []
-    if strategy.private:
-        parts.append(f"epsilon={strategy.epsilon():.4g} (delta={strategy.config.privacy.delta:.3g})")
+def released_line(published: dict[str, Any], epsilon: float | None, delta: float | None) -> str:
+    """One round's progress as the DP hooks log it: ε so far (None for the non-private references) and, as far as
+    they are ``published``, the counts of accepted and rejected clients."""
+    parts = [] if epsilon is None else [f"epsilon={epsilon:.4g} (delta={delta:.3g})"]
     if "aggregated" in published:
         rejected = sum(int(published.get(k, 0)) for k in ("rejected_malformed", "rejected_nonfinite", "rejected_shape"))
         parts.append(f"{published['aggregated']} of {published.get('sampled', '?')} sampled clients accepted, "
