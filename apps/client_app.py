@@ -6,7 +6,10 @@ privatizes and screens each client on its own and answers with the float64 sum o
 each client's statistics and the fate of the others. The same app serves ``flwr run`` simulations, the Hydra entry
 point and real SuperNodes. (Our client as a Flower ``NumPyClient``, one client per message, is
 clients/numpy_client.py: the same :func:`~clients.cohort.train_cohort` with a cohort of one, answering in Flower's
-convention; a NumPyClient's reply cannot carry several clients' fates, so cohorts need this app.)
+convention, each partition of a cohort message answered apart: clients/numpy_mod.py.)
+
+Importing it sets Ray's environment (:func:`apps.local_ray.use_ray_env`): under ``flwr run`` Flower's simulation
+process loads this app before it starts Ray, whose raylet and workers then inherit it.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ from __future__ import annotations
 import time
 
 import torch
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from apps.local_ray import use_ray_env
 from clients.cohort import train_cohort
 from fl_app.allocator import freeze_imported_objects, keep_freed_memory
 from fl_app.instructions import CohortReply, TrainInstructions, resolve_cohort_engine
 from fl_app.models import resolve_device
+from fl_app.node_queries import answer_query
 from fl_app.threads import limit_library_threads
+
+use_ray_env()
 
 app = ClientApp()
 
@@ -64,11 +71,6 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node owns (used with ``population=nodes``)."""
-    info = ConfigRecord(
-        {
-            "partition-id": int(context.node_config["partition-id"]),
-            "num-partitions": int(context.node_config["num-partitions"]),
-        }
-    )
-    return Message(RecordDict({"partition": info}), reply_to=msg)
+    """Answer the server's queries before the first round (fl_app/node_queries.py): this node's partition
+    (``population=nodes``), and that this app trains the partition each message names (``population=virtual``)."""
+    return answer_query(msg, context.node_config)

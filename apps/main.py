@@ -25,7 +25,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from apps.local_ray import driver_pythonpath, start_local_ray
+from apps.local_ray import start_local_ray, use_ray_env, worker_runtime_env
 from fl_app.allocator import limit_malloc_arenas
 from fl_app.checkpoint import resolve_resume
 from fl_app.config import AppConfig, ConfigError, load_app_config
@@ -112,7 +112,8 @@ def join_ray_cluster(config: AppConfig) -> None:
     from flwr.common.logger import log
 
     init_args = backend_config(config)["init_args"]
-    ray.init(runtime_env={"env_vars": {"PYTHONPATH": driver_pythonpath()}}, **init_args)
+    use_ray_env()
+    ray.init(runtime_env=worker_runtime_env(), **init_args)
     resources = ray.cluster_resources()
     log(
         logging.INFO,

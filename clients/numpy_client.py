@@ -14,12 +14,10 @@ placement, re-clipped to C); ``strategies.flower_dp.ClientLevelDP`` does the sam
 
 **Use.** ``app = ClientApp(client_fn=client_fn, mods=[numpy_client_mod])`` with any ``client_fn(context)`` that
 returns ``SomeNumPyClient(...).to_client()`` for ``context.node_config["partition-id"]`` (set per message to the
-partition our strategies sampled under ``population=virtual``; the node's own otherwise). Under our strategies set
-``simulation.cohort_size=1``: a NumPyClient's reply is one client's model, which the server screens and clips as
-one client's update, so a message carrying a cohort (the default ``auto`` in simulation: one cohort per worker) is
-refused, with an error reply that names ``simulation.cohort_size=1`` and is counted as failed. (Answering a cohort
-needs a reply of per-partition models the server screens one by one; the cohort reply the server reads today is a
-sum whose per-client clip it leaves to the worker: clients/numpy_mod.py says why that is not used.) This module's
+partition our strategies sampled under ``population=virtual``; the node's own otherwise). A message carrying a
+cohort (the default ``simulation.cohort_size=auto`` in simulation: one cohort per worker) calls the client once per
+partition it names and answers each partition's model apart, which the server screens and clips one by one
+(clients/numpy_mod.py, fl_app/partition_models.py). This module's
 :data:`app` is that line with :func:`client_fn`, our client. It runs on Flower's simulation engine
 (tests/integration/test_numpy_client_flwr_run.py: DP-FedSAM through the ServerApp's ``run_federated``, and
 ``ClientLevelDP(FedAdam)`` with a user's NumPyClient, under ``run_simulation``); under ``flwr run`` it is served by

@@ -14,11 +14,11 @@ both directions, around Flower's own legacy handler and nothing else:
 
 * **in**: the message's model record becomes ``fitins.parameters`` / ``evaluateins.parameters`` (the same record,
   whose values Flower's handler passes on in order) and its config the legacy config: its scalar entries; for our
-  strategies' messages also the one partition's fault as ``fault`` and the round's shared mask (Fed-SMP's) as
-  ``mask`` bytes (:func:`pack_mask`). The partition the message names (``partition_ids``) becomes ``partition-id``
-  in the node config the ``client_fn`` reads, with ``num-partitions`` = M, so that under ``population=virtual`` the
-  node trains the partition the server sampled; a message of Flower's strategies names none, and the node's own
-  node config stands.
+  strategies' messages also the partition's fault as ``fault`` and the round's shared mask (Fed-SMP's) as
+  ``mask`` bytes (:func:`pack_mask`). The partition the message names (``partition_ids``; each in turn for a
+  cohort: below) becomes ``partition-id`` in the node config the ``client_fn`` reads, with ``num-partitions`` = M,
+  so that under ``population=virtual`` the node trains the partition the server sampled; a message of Flower's
+  strategies names none, and the node's own node config stands.
 * **out, train**: the ``FitRes`` becomes Flower's Message-API reply (:class:`fl_app.instructions.FlowerReply`): the
   trained model under the key the model came under, **with the message's array keys in their order** (a
   ``NumPyClient`` returns a list: ``ArrayRecord(model.state_dict())`` comes back keyed ``0.weight``, ..., as
@@ -34,14 +34,18 @@ A fit or evaluate whose status is not OK (a NumPyClient without ``evaluate``: ``
 so the reply is an error the strategy counts as a failure. Legacy messages (``fitins.*``, ``evaluateins.*``) pass
 through unchanged.
 
-**One partition a message.** A NumPyClient's reply is one client's trained model, which the server screens and
-clips as that one client's update. A message of several partitions (a cohort: ``simulation.cohort_size`` other than
-1) is refused with an error that says to set ``simulation.cohort_size=1``: the one reply format for several clients
-(:class:`~fl_app.instructions.CohortReply`) carries their sum, which the server can only hold to k·C, trusting the
-worker to have clipped each client (docs/PRIVACY.md), and takes under client placement, where the server refuses
-a NumPyClient's model; answering a cohort of NumPyClients in it would move their clip from the server to the worker.
-Answering a cohort needs a reply of per-partition trained models that the server screens one by one, which it does
-not read today.
+**A cohort, one call per partition.** A NumPyClient's reply is one client's trained model, which the server must
+screen and clip as that one client's update. A train message of several partitions (a cohort:
+``simulation.cohort_size`` other than 1, the default ``auto`` in simulation) is answered by calling the client once
+per partition it names, each call as for a message of that one partition (its ``partition-id`` in the node config, its
+own fault, the round's mask), and replying with every partition's Flower-convention model apart
+(:class:`~fl_app.partition_models.PartitionModelsReply`: ``arrays.p`` and ``metrics.p`` for each partition ``p``), a
+client that raises or answers an error being that partition's failure, with why. The server screens each partition's
+model as the reply to a message of that partition alone (Δ computed by the server and, under server placement,
+re-clipped to C: each partition is clipped on its own; refused, each, under client placement), never a sum: our
+cohort reply (:class:`~fl_app.instructions.CohortReply`) carries the clients' sum, which the server can only hold to
+k·C, trusting the worker to have clipped each client (docs/PRIVACY.md), and would move a NumPyClient's clip from the
+server to the worker. An evaluate message names no partition (our strategies send none); one naming several raises.
 
 The strategy's messages are not made readable by both instead: the model would travel twice per message, and the
 legacy reply (``fitres.*``) would be one more format for the server to screen.
@@ -60,6 +64,8 @@ from flwr.common import Code, parameters_to_ndarrays
 from flwr.compat.common.recorddict_compat import recorddict_to_evaluateres, recorddict_to_fitres
 
 from fl_app.instructions import FLOWER_WEIGHT_KEY
+from fl_app.node_queries import answer_query
+from fl_app.partition_models import PartitionModelsReply
 
 #: What a FitIns / EvaluateIns config can hold (Flower's ``Scalar``).
 _SCALARS = (bool, bytes, float, int, str)
@@ -102,22 +108,22 @@ def _message_config(content: RecordDict) -> ConfigRecord:
     return records[0] if len(records) == 1 else ConfigRecord()
 
 
-def legacy_config(content: RecordDict, node_config: dict[str, Any]) -> LegacyConfig:
-    """The legacy config of a Message-API message (module docstring); sets ``partition-id`` and ``num-partitions``
-    in ``node_config`` when the message names its partition. Raises ValueError for a message of several."""
+def message_partitions(content: RecordDict) -> list[int]:
+    """The partitions a message names (``partition_ids``: our strategies' messages); none for Flower's."""
+    config = _message_config(content)
+    return [int(pid) for pid in config["partition_ids"]] if "partition_ids" in config else []  # type: ignore[union-attr]
+
+
+def legacy_config(content: RecordDict, node_config: dict[str, Any], position: int = 0) -> LegacyConfig:
+    """The legacy config of a Message-API message (module docstring) for the partition at ``position`` of those it
+    names: sets ``partition-id`` and ``num-partitions`` in ``node_config`` when it names any."""
     config = _message_config(content)
     legacy: LegacyConfig = {k: v for k, v in config.items() if isinstance(v, _SCALARS)}
-    if "partition_ids" in config:  # our strategies' messages name the partitions they carry
-        partitions = [int(pid) for pid in config["partition_ids"]]  # type: ignore[union-attr]
-        if len(partitions) != 1:
-            raise ValueError(
-                f"a NumPyClient answers for one client, this message carries {len(partitions)}: set "
-                "simulation.cohort_size=1 (the server screens and clips each NumPyClient's trained model as one "
-                "client's update; a cohort is answered by apps.client_app:app)"
-            )
-        node_config.update({"partition-id": partitions[0], "num-partitions": int(config["data.num_clients"])})  # type: ignore[arg-type]
+    partitions = message_partitions(content)
+    if partitions:  # our strategies' messages name the partitions they carry
+        node_config.update({"partition-id": partitions[position], "num-partitions": int(config["data.num_clients"])})  # type: ignore[arg-type]
     if "faults" in config:
-        legacy["fault"] = str(config["faults"][0])  # type: ignore[index]
+        legacy["fault"] = str(config["faults"][position])  # type: ignore[index]
     if isinstance(content.get("mask"), ArrayRecord):
         legacy["mask"] = pack_mask(content["mask"].to_numpy_ndarrays())  # type: ignore[union-attr]
     return legacy
@@ -155,25 +161,15 @@ def evaluate_reply(answer: RecordDict) -> RecordDict:
     return RecordDict({"metrics": MetricRecord(metrics)})
 
 
-def numpy_client_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Let a ``ClientApp(client_fn=...)`` (a NumPyClient, or any legacy ``Client``) answer Message-API train and
-    evaluate messages in Flower's convention (the module docstring says how and why); answer ``query`` messages as
-    our ClientApp does. Legacy messages (``fitins.*``, ``evaluateins.*``) and other message types pass through."""
-    message_type = msg.metadata.message_type
-    if message_type == MessageType.QUERY:
-        # The node's partition, as apps.client_app.query answers it (an app, a layer above clients/: not imported).
-        partition = {key: int(context.node_config[key]) for key in ("partition-id", "num-partitions")}
-        return Message(RecordDict({"partition": ConfigRecord(partition)}), reply_to=msg)
-    prefix = _LEGACY.get(message_type)
-    model_key = model_record_key(msg.content) if prefix is not None else None
-    if prefix is None or model_key is None or f"{prefix}.parameters" in msg.content:
-        return call_next(msg, context)
-    model = msg.content[model_key]
+def _call_client(msg: Message, context: Context, call_next: ClientAppCallable, position: int) -> Message:
+    """The client's answer (Flower's legacy handler's) for the message's partition at ``position``: the message as
+    ``fitins.*`` / ``evaluateins.*`` records, the node config naming that partition, the node's own state."""
+    prefix = _LEGACY[msg.metadata.message_type]
     node_config = dict(context.node_config)
     legacy = Message(
         RecordDict({
-            f"{prefix}.parameters": model,
-            f"{prefix}.config": ConfigRecord(legacy_config(msg.content, node_config)),
+            f"{prefix}.parameters": msg.content[model_record_key(msg.content)],  # type: ignore[index]
+            f"{prefix}.config": ConfigRecord(legacy_config(msg.content, node_config, position)),
         }),
         metadata=msg.metadata,
     )  # fmt: skip
@@ -181,15 +177,52 @@ def numpy_client_mod(msg: Message, context: Context, call_next: ClientAppCallabl
         run_id=context.run_id,
         node_id=context.node_id,
         node_config=node_config,
-        state=context.state,  # the node's own state, kept across rounds
+        state=context.state,  # the node's own state, kept across rounds and partitions
         run_config=context.run_config,
         series_id=context.series_id,
     )
-    answer = call_next(legacy, client_context)
+    return call_next(legacy, client_context)
+
+
+def partition_models(msg: Message, context: Context, call_next: ClientAppCallable) -> RecordDict:
+    """A cohort train message's answer: the client called once per partition it names, every partition's trained
+    model apart (:class:`~fl_app.partition_models.PartitionModelsReply`; module docstring)."""
+    keys = list(msg.content[model_record_key(msg.content)].keys())  # type: ignore[index,union-attr]
+    answers: list[tuple[int, RecordDict]] = []
+    failures: list[tuple[int, str]] = []
+    for position, pid in enumerate(message_partitions(msg.content)):
+        try:
+            answer = _call_client(msg, context, call_next, position)
+            if answer.has_error():
+                raise RuntimeError(answer.error.reason)
+            answers.append((pid, train_reply(answer.content, "arrays", keys)))
+        except Exception as exc:  # one client's failure is its partition's, not the cohort's
+            failures.append((pid, f"{type(exc).__name__}: {exc}"))
+    return PartitionModelsReply(answers=answers, failures=failures).to_record()
+
+
+def numpy_client_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Let a ``ClientApp(client_fn=...)`` (a NumPyClient, or any legacy ``Client``) answer Message-API train and
+    evaluate messages in Flower's convention, a cohort train message with one model per partition (the module
+    docstring says how and why); answer ``query`` messages as our ClientApp does. Legacy messages (``fitins.*``,
+    ``evaluateins.*``) and other message types pass through."""
+    message_type = msg.metadata.message_type
+    if message_type == MessageType.QUERY:
+        # As our ClientApp answers (fl_app/node_queries.py): this mod hands the client the partition a message names.
+        return answer_query(msg, context.node_config)
+    prefix = _LEGACY.get(message_type)
+    model_key = model_record_key(msg.content) if prefix is not None else None
+    if prefix is None or model_key is None or f"{prefix}.parameters" in msg.content:
+        return call_next(msg, context)
+    if len(message_partitions(msg.content)) > 1:
+        if message_type != MessageType.TRAIN:
+            raise ValueError("an evaluate message names one partition at most (a NumPyClient evaluates one)")
+        return Message(partition_models(msg, context, call_next), reply_to=msg)
+    answer = _call_client(msg, context, call_next, 0)
     if answer.has_error():
         return Message(answer.error, reply_to=msg)
     if message_type == MessageType.TRAIN:
-        content = train_reply(answer.content, model_key, list(model.keys()))  # type: ignore[union-attr]
+        content = train_reply(answer.content, model_key, list(msg.content[model_key].keys()))  # type: ignore[union-attr]
     else:
         content = evaluate_reply(answer.content)
     return Message(content, reply_to=msg)

@@ -285,7 +285,8 @@ class MalformedReply(ValueError):
 
 def is_cohort_reply(content: RecordDict) -> bool:
     """Whether a reply is in our format (:class:`CohortReply`): its ``metrics`` record names the clients it accounts
-    for (``cohort_ids``). Any other reply is read as Flower's convention (:class:`FlowerReply`)."""
+    for (``cohort_ids``). Any other is Flower's convention (:class:`FlowerReply`), or one per partition of a cohort
+    (fl_app/partition_models.py: a NumPyClient's cohort, each partition's reply screened as one)."""
     return "metrics" in content and "cohort_ids" in content["metrics"]
 
 

@@ -20,6 +20,7 @@ meaningfully, and would reveal the client's number of local steps (hence its dat
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -205,10 +206,27 @@ def set_weights(model: nn.Module, weights: Sequence[np.ndarray]) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``simulation.device``: ``cuda``, ``cpu``, or ``auto`` (CUDA when torch sees a GPU)."""
-    if name == "cuda" or (name == "auto" and torch.cuda.is_available()):
+    """``simulation.device``: ``cuda``, ``cpu``, or ``auto`` (CUDA when torch sees a GPU, except in a Ray worker
+    that Ray gave none: :func:`ray_gave_no_gpu`)."""
+    if name == "cuda" or (name == "auto" and torch.cuda.is_available() and not ray_gave_no_gpu()):
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+def ray_gave_no_gpu() -> bool:
+    """True in a Ray worker (a simulated ClientApp) to which Ray assigned no GPU (``simulation.client_gpus=0``).
+
+    Our processes start Ray with ``RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0`` (apps/local_ray.py, as Ray's FutureWarning
+    asks), under which such a worker sees every GPU of the machine instead of none; ``device=auto`` must still
+    train it on the CPU, or every worker would crowd onto the GPUs outside Ray's resource accounting. The driver (the
+    server's evaluation), a SuperNode and any process without Ray use what torch sees."""
+    ray = sys.modules.get("ray")  # a Ray worker has imported it; nothing here imports it
+    if ray is None or not ray.is_initialized():
+        return False
+    context = ray.get_runtime_context()
+    if context.worker.mode != ray.WORKER_MODE:
+        return False
+    return not context.get_accelerator_ids().get("GPU")
 
 
 def evaluate(

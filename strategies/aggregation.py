@@ -6,7 +6,8 @@ the server's clip), and counts the rest by kind. What it holds is summed in part
 (:meth:`RoundReplies.ordered`, the canaries after every real client) so that the same seed gives the same model,
 whatever order the replies came in; :meth:`statistics` is the round record's view of the clients. A per-client reply
 is a cohort of one, and so is a reply in Flower's convention (a trained model: the screening computes its update):
-nothing here knows the difference.
+nothing here knows the difference. A reply of per-partition models (a NumPyClient's cohort) is taken as one such
+reply per partition.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from flwr.app import Message
 from fl_app.instructions import CLIENT_TIMESTAMPS
 from fl_app.privacy import mechanisms as mech
 from strategies.rounds import Contribution, RoundPlan
-from strategies.screening import screen
+from strategies.screening import screen_each
 
 #: The strategy's step 5 for a screened sum of k client updates and its measured norm (NaN: not measured):
 #: (admitted sum, how many it re-clipped).
@@ -52,33 +53,46 @@ class RoundReplies:
         self.clients: list[tuple[int, dict[str, float]]] = []
 
     def take(self, replies: Iterable[Message]) -> None:
-        """Bind, screen and admit each reply to the plan's messages; count and report (``reject``) the others."""
+        """Bind, screen and admit each reply to the plan's messages; count and report (``reject``) the others. A reply
+        of per-partition models gives one result per partition (strategies/screening.py: :func:`screen_each`), each
+        counted as that partition's own reply."""
         plan = self.plan
         for reply in replies:
             ids = plan.bind(reply)
             if ids is None:
-                self.counts["malformed"] += 1  # answers no sampled client: not "received", not any client's failure
-                reason = "not the first answer to a message of this round from the node it went to"
-                self.first_reason.setdefault("malformed", reason)
-                self.reject(plan.server_round, "malformed", reason)
+                self._unbound("not the first answer to a message of this round from the node it went to")
                 continue
-            self.received += len(ids)
-            kind, screened = screen(plan, reply, ids)
-            if not isinstance(screened, Contribution):
-                self.counts[kind] += len(ids)
-                self.first_reason.setdefault(kind, screened)
-                self.reject(plan.server_round, kind, screened)
-                continue
-            for rejection, pids in screened.rejections.items():
-                self.counts[rejection] += len(pids)
-            self.reclipped += screened.reclipped
-            if not screened.clients:
-                continue
-            total, server_reclipped = self.admit(plan, screened.total, len(screened.clients), screened.norm)
-            self.reclipped += server_reclipped
-            self.contributions.append((screened.clients[0][0], total, len(screened.clients)))
-            self.clients.extend(screened.clients)
+            for pids, kind, screened in screen_each(plan, reply, ids):
+                if not pids:
+                    self._unbound(str(screened))
+                    continue
+                self.received += len(pids)
+                self._take_screened(len(pids), kind, screened)
         self.clients.sort(key=lambda item: item[0])  # partition order, whatever order the replies came in
+
+    def _unbound(self, reason: str) -> None:
+        """Count an answer that is no sampled client's (a reply bound to no message, or a per-partition entry for no
+        partition of its message): malformed, not "received", not any client's failure."""
+        self.counts["malformed"] += 1
+        self.first_reason.setdefault("malformed", reason)
+        self.reject(self.plan.server_round, "malformed", reason)
+
+    def _take_screened(self, count: int, kind: str, screened: Contribution | str) -> None:
+        """Admit a screened contribution (the strategy's mask and clip), or count its ``count`` clients as ``kind``."""
+        if not isinstance(screened, Contribution):
+            self.counts[kind] += count
+            self.first_reason.setdefault(kind, screened)
+            self.reject(self.plan.server_round, kind, screened)
+            return
+        for rejection, pids in screened.rejections.items():
+            self.counts[rejection] += len(pids)
+        self.reclipped += screened.reclipped
+        if not screened.clients:
+            return
+        total, server_reclipped = self.admit(self.plan, screened.total, len(screened.clients), screened.norm)
+        self.reclipped += server_reclipped
+        self.contributions.append((screened.clients[0][0], total, len(screened.clients)))
+        self.clients.extend(screened.clients)
 
     def causes(self) -> dict[str, str]:
         """Why the sampled clients' updates were not accepted: {kind: how many, and the first reason given}."""

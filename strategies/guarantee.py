@@ -22,6 +22,7 @@ from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
 from fl_app.privacy.pipeline import PrivacyEvent, ReleaseParameters
 from fl_app.releases import Release, model_digest, randomness_name
 from strategies.clipping import AdaptiveClipNorm
+from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE
 
 
 class Guarantee:
@@ -85,7 +86,16 @@ class Guarantee:
             "noise_source": self.noise_source,
             "sampling_source": self.randomness_source,
             "noise_stream": self.noise_stream_claim(),
+            **self.population_claim(),
         }
+
+    def population_claim(self) -> dict[str, str]:
+        """What SuperNodes learn of the sample, where the run lets them learn it (``run.json``): only under
+        ``population=virtual`` against a real SuperLink, which strategies/settings.py refuses unless allowed."""
+        settings = self.run_settings
+        if settings is None or settings.simulation or self.config.population != "virtual":
+            return {}
+        return {"supernodes_learn": VIRTUAL_DEPLOYMENT_DISCLOSURE}
 
     def mechanism_claim(self) -> dict[str, Any]:
         """The parameters of the mechanism the ledger accounts (``run.json``)."""

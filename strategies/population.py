@@ -6,8 +6,11 @@ Two modes (config ``population``):
   the sorted node ids), which loads that partition. This is how simulations of M = 500 clients run on a handful of
   workers. Training results depend only on (seed, round, partition, global model), never on the node.
   In cohort mode a message carries several sampled partitions (strategies/cohorts.py groups them).
+  Each node is asked once (a ``binding`` query, fl_app/node_queries.py) whether its ClientApp trains the partition
+  a message names; a node that does not confirm it stops the run before the first train message, since its replies
+  would not be the sampled clients' data.
 * ``nodes`` — every SuperNode is one client and owns the partition named in its node config (``partition-id``,
-  ``num-partitions``). The server asks each node once for its partition id (a ``query`` message) and requires
+  ``num-partitions``). The server asks each node once for its partition id (a ``partition`` query) and requires
   exactly the partitions 0..M-1.
 """
 
@@ -17,13 +20,11 @@ import time
 from collections.abc import Sequence
 from logging import INFO
 
-from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 
+from fl_app.node_queries import BINDING_QUERY, PARTITION_QUERY, confirms_binding, query_message
 from strategies.messaging import send_and_receive
-
-PARTITION_QUERY = "partition"
 
 
 class PopulationError(RuntimeError):
@@ -55,17 +56,30 @@ class Population:
         self._nodes = nodes
         if self.mode == "nodes":
             self._node_of_partition = self._discover(grid, nodes, timeout)
+        else:
+            self._check_binding(grid, nodes, timeout)
         log(INFO, "Population: %d clients on %d SuperNodes (%s)", self.num_clients, len(nodes), self.mode)
 
-    def _discover(self, grid: Grid, nodes: Sequence[int], timeout: float) -> dict[int, int]:
-        messages = [
-            Message(
-                RecordDict({"config": ConfigRecord({"query": PARTITION_QUERY})}),
-                dst_node_id=node,
-                message_type=MessageType.QUERY,
+    def _check_binding(self, grid: Grid, nodes: Sequence[int], timeout: float) -> None:
+        """Refuse the run unless every node's ClientApp trains the partition each message names."""
+        replies = send_and_receive(grid, [query_message(BINDING_QUERY, node) for node in nodes], timeout)
+        answered = {reply.metadata.src_node_id: reply for reply in replies}
+        for node in nodes:
+            reply = answered.get(node)
+            if reply is not None and confirms_binding(reply):
+                continue
+            answer = "no answer" if reply is None else (f"error: {reply.error.reason}" if reply.has_error() else
+                                                         f"an answer without {BINDING_QUERY!r}")  # fmt: skip
+            raise PopulationError(
+                f"population=virtual needs a ClientApp that trains the partition each message names (the server "
+                f"samples partitions and sends them to any SuperNode), but SuperNode {node} did not confirm it "
+                f"({answer}): its replies would not be the sampled clients' data and epsilon would bound no data "
+                "owner. Use this project's ClientApp (apps.client_app:app), wrap a NumPyClient's ClientApp with "
+                "clients.numpy_mod.numpy_client_mod, or run with population=nodes (each SuperNode one client)"
             )
-            for node in nodes
-        ]
+
+    def _discover(self, grid: Grid, nodes: Sequence[int], timeout: float) -> dict[int, int]:
+        messages = [query_message(PARTITION_QUERY, node) for node in nodes]
         mapping: dict[int, int] = {}
         for reply in send_and_receive(grid, messages, timeout):
             if reply.has_error():

@@ -8,7 +8,14 @@ cohort's float64 sum of updates, each client's statistics and fate), and Flower'
 ClientApp, a ``NumPyClient`` behind clients.numpy_client's mod included, sends. For the latter the server computes
 the update itself, Δ = trained − the round's global model in float64, and admits it as a cohort of one, re-clipped to
 C like every reply under server placement. A reply is ours when its metrics name their clients (``cohort_ids``:
-:func:`~fl_app.instructions.is_cohort_reply`); any other is read, and screened, as Flower's."""
+:func:`~fl_app.instructions.is_cohort_reply`); any other is read, and screened, as Flower's.
+
+A third format answers a cohort message with one Flower-convention model per partition
+(:class:`~fl_app.partition_models.PartitionModelsReply`: a ``NumPyClient`` called once per partition by
+clients.numpy_mod's mod). :func:`screen_each` screens each of its partitions as the Flower-convention reply to a
+message of that one partition, so each update is computed by the server and re-clipped to C on its own; entries for a
+partition the message did not carry, or for one already answered, are rejected together like one reply bound to no
+message (however many it lists, they count once), and a partition it carries no result for is counted as failed."""
 
 from __future__ import annotations
 
@@ -18,8 +25,23 @@ import numpy as np
 from flwr.app import Message, RecordDict
 
 from fl_app.instructions import COHORT_CLIENT_METRICS, CohortReply, FlowerReply, MalformedReply, is_cohort_reply
+from fl_app.partition_models import PartitionModelsReply, is_partition_models_reply
 from fl_app.privacy import mechanisms as mech
 from strategies.rounds import Contribution, RoundPlan
+
+#: One result of screening a reply: the partitions it accounts for, and ("ok", :class:`Contribution`) or (kind,
+#: reason). No partitions: an entry that answers none of its message's partitions, counted like a reply bound to no
+#: message (malformed, not received, no client's failure).
+Screened = tuple[list[int], str, Contribution | str]
+
+
+def screen_each(plan: RoundPlan, reply: Message, ids: list[int]) -> list[Screened]:
+    """The results of a reply bound to the message of partitions ``ids``: one for the whole reply (ours, Flower's
+    convention: :func:`screen`), or one per partition of a reply of per-partition models
+    (:func:`screen_partition_models`)."""
+    if not reply.has_error() and is_partition_models_reply(reply.content):
+        return screen_partition_models(plan, reply.content, ids)
+    return [(ids, *screen(plan, reply, ids))]
 
 
 def screen(plan: RoundPlan, reply: Message, ids: list[int]) -> tuple[str, Contribution | str]:
@@ -106,3 +128,36 @@ def screen_flower_reply(plan: RoundPlan, content: RecordDict, ids: list[int]) ->
         return "malformed", "Flower-convention reply has a non-finite or negative pre_clip_norm"
     client = (ids[0], {**stats, "partition_id": float(ids[0])})
     return "ok", Contribution(total=update, clients=[client], norm=norm)
+
+
+def screen_partition_models(plan: RoundPlan, content: RecordDict, ids: list[int]) -> list[Screened]:
+    """Screen a reply of per-partition models (:class:`~fl_app.partition_models.PartitionModelsReply`) to the message
+    of partitions ``ids``, one result per partition, in the order it lists them (models, then failures): a model is
+    screened as the Flower-convention reply to a message of that one partition (:func:`screen_flower_reply`: refused
+    where clients add the noise; else Δ computed here, admitted as a cohort of one and re-clipped to C); a failure is
+    "failed" with the client's reason. Entries for a partition ``ids`` does not hold, or for one already answered,
+    account for no partition and are rejected together, as one extra reply (module docstring); a partition of
+    ``ids`` the reply gives no result for is "failed".
+    A reply whose layout is broken is malformed for every partition of ``ids``."""
+    try:
+        parsed = PartitionModelsReply.from_record(content)
+    except MalformedReply as exc:
+        return [(ids, "malformed", str(exc))]
+    except Exception as exc:  # anything a client can send (records of other types) is its fault
+        return [(ids, "malformed", f"per-partition models reply: unreadable ({type(exc).__name__})")]
+    pending, results, strays = set(ids), [], []
+    entries: list[tuple[int, RecordDict | str]] = [*parsed.answers, *parsed.failures]
+    for pid, answer in entries:
+        if pid not in pending:
+            strays.append(f"partition {pid} {'answered twice' if pid in ids else 'not one its message carried'}")
+            continue
+        pending.discard(pid)
+        if isinstance(answer, str):
+            results.append(([pid], "failed", f"partition {pid}: {answer[:300]}"))
+        else:
+            results.append(([pid], *screen_flower_reply(plan, answer, [pid])))
+    if strays:  # one rejection however many: a reply cannot inflate the counts past one extra reply's
+        results.append(([], "malformed", f"per-partition models reply: {len(strays)} entries rejected, {strays[:5]}"))
+    missing = [pid for pid in ids if pid in pending]
+    results += [([pid], "failed", f"per-partition models reply has no result for partition {pid}") for pid in missing]
+    return results

@@ -8,6 +8,9 @@ Flower's simulation engine and a real SuperLink differ in what a setting should 
 - ``privacy.client_statistics=auto``: raw in simulation, none against a real SuperLink (docs/PRIVACY.md).
 - ``simulation.cohort_size=auto``: one cohort per worker in simulation; one message per client against a real
   SuperLink, where a node is a client's machine.
+- ``population=virtual`` against a real SuperLink sends each SuperNode the ids of the sampled clients it is to train:
+  the SuperNodes learn (part of) the sample, which the accounting's amplification by sampling assumes secret. Refused
+  unless ``allow_virtual_deployment``, and then logged loudly and stated in ``run.json``.
 
 The ServerApp resolves them (:func:`apps.server_app.run_federated`, before anything is published); a strategy that
 a user's own ServerApp starts resolves them in ``start()`` from the grid it is given, through the same
@@ -63,6 +66,8 @@ class RunSettings:
                 "receives the seed and can recompute the sampling and the server's noise; the printed epsilon "
                 "does not hold against clients",
             )
+        if not simulation and config.population == "virtual":
+            _check_virtual_deployment(config)
         statistics = p.client_statistics
         if statistics == "auto":
             statistics = "raw" if simulation else "none"
@@ -75,6 +80,26 @@ class RunSettings:
         else:
             cohort_size = int(size)
         return cls(simulation=simulation, secure_noise=secure, client_statistics=statistics, cohort_size=cohort_size)
+
+
+#: What SuperNodes learn of the sample when ``population=virtual`` runs against a real SuperLink (``run.json``).
+VIRTUAL_DEPLOYMENT_DISCLOSURE = (
+    "population=virtual against a real SuperLink (allow_virtual_deployment=true): each SuperNode is sent the ids of "
+    "the sampled clients whose partitions it trains, so the SuperNodes together learn every round's sample; epsilon "
+    "holds against the published models, not against SuperNodes"
+)
+
+
+def _check_virtual_deployment(config: AppConfig) -> None:
+    if not config.allow_virtual_deployment:
+        raise ConfigError(
+            "invalid config value population=virtual against a real SuperLink: every SuperNode would be sent the ids "
+            "of the sampled clients it is to train and read their partitions, so SuperNodes learn who was sampled "
+            "(the secret the accounting's amplification rests on); use population=nodes (each SuperNode is one "
+            "client and trains its own partition), or set allow_virtual_deployment=true to run it anyway "
+            "(docs/PRIVACY.md)"
+        )
+    log(ERROR, "VIRTUAL POPULATION IN A DEPLOYMENT: %s", VIRTUAL_DEPLOYMENT_DISCLOSURE)
 
 
 def is_simulation(grid: Grid) -> bool:

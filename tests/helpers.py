@@ -16,6 +16,7 @@ from hydra.utils import get_class
 from fl_app.config import compose_config
 from fl_app.instructions import CohortReply
 from fl_app.metrics import read_metrics
+from fl_app.node_queries import answer_query
 from fl_app.privacy.mechanisms import global_l2_norm
 from strategies.base import FederatedStrategy
 from strategies.rounds import RoundPlan
@@ -51,7 +52,8 @@ def build(*overrides: str, **run) -> FederatedStrategy:
     The fake grids here are not Flower's in-memory grid, so ``secure_noise=auto`` would pick the CSPRNG and
     ``client_statistics=auto`` would publish none; the tests pin the seeded streams (allowed on such a grid, which
     counts as a deployment) and raw statistics unless they set ``privacy.secure_noise`` /
-    ``privacy.client_statistics`` themselves.
+    ``privacy.client_statistics`` themselves, and allow the default ``population=virtual`` on such a grid
+    (``allow_virtual_deployment``) unless they set it.
     """
     if not any(o.startswith("privacy.secure_noise=") for o in overrides):
         overrides = (*overrides, "privacy.secure_noise=false")
@@ -59,6 +61,8 @@ def build(*overrides: str, **run) -> FederatedStrategy:
         overrides = (*overrides, "privacy.allow_seeded_deployment=true")
     if not any(o.startswith("privacy.client_statistics=") for o in overrides):
         overrides = (*overrides, "privacy.client_statistics=raw")
+    if not any(o.startswith("allow_virtual_deployment=") for o in overrides):
+        overrides = (*overrides, "allow_virtual_deployment=true")
     config = compose_config(list(overrides))
     return get_class(config.strategy.target)(config, **run)
 
@@ -148,12 +152,27 @@ def error_reply(partition_id: int) -> Message:
 
 class AnswersOnPush:
     """Flower's push and pull for a fake grid that answers in ``send_and_receive``: the push hands the messages to
-    it, and the next pull returns every reply it gave (strategies/messaging.py pushes and pulls)."""
+    it, and the next pull returns every reply it gave (strategies/messaging.py pushes and pulls). The queries a
+    server sends before its first train message (fl_app/node_queries.py) are answered as our ClientApp answers
+    them (:meth:`answer_queries`), without counting as a round's messages."""
 
     def push_messages(self, messages):
         messages = list(messages)
-        self._answered = list(self.send_and_receive(messages))
+        if messages and all(m.metadata.message_type == MessageType.QUERY for m in messages):
+            self._answered = self.answer_queries(messages)
+        else:
+            self._answered = list(self.send_and_receive(messages))
         return [m.metadata.message_id for m in messages]
+
+    def answer_queries(self, messages):
+        nodes = self.get_node_ids()
+        for i, msg in enumerate(messages):
+            msg.metadata.__dict__["_message_id"] = f"q{i}"  # what Flower's grids do on push
+        replies = []
+        for msg in messages:
+            node_config = {"partition-id": nodes.index(msg.metadata.dst_node_id), "num-partitions": len(nodes)}
+            replies.append(answer_query(msg, node_config))
+        return replies
 
     def pull_messages(self, message_ids):
         answered, self._answered = getattr(self, "_answered", []), []
@@ -227,28 +246,37 @@ class InProcessGrid(AnswersOnPush, InMemoryGrid):
         return list(self.node_ids)
 
     def send_and_receive(self, messages, timeout=None):
-        from flwr.app import Context
-        from flwr.common.serde import message_from_proto, message_to_proto
-
-        from apps.client_app import train
-
         messages = list(messages)
-        replies = []
         for i, message in enumerate(messages):
             message.metadata.__dict__["_message_id"] = f"ip{self._pushes}-{i}"  # what a grid does on push
-            received = message_from_proto(message_to_proto(message))
-            node = message.metadata.dst_node_id
-            node_config = {"partition-id": node - 1, "num-partitions": len(self.node_ids)}
-            state = self._states.setdefault(node, RecordDict())
-            context = Context(run_id=1, node_id=node, node_config=node_config, state=state, run_config={})
-            try:
-                answer = train(received, context) if self.app is None else self.app(received, context)
-            except Exception as exc:  # the engine turns a ClientApp exception into an error reply
-                answer = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=received)
-            replies.append(message_from_proto(message_to_proto(answer)))
+        replies = [self._deliver(message) for message in messages]
         self._pushes += 1
         self.sent.append(len(messages))
         return replies
+
+    def answer_queries(self, messages):
+        """Queries go to the app too (ours answers them; a ClientApp without a query handler fails them)."""
+        for i, message in enumerate(messages):
+            message.metadata.__dict__["_message_id"] = f"iq{i}"
+        return [self._deliver(message) for message in messages]
+
+    def _deliver(self, message):
+        from flwr.app import Context
+        from flwr.common.serde import message_from_proto, message_to_proto
+
+        from apps.client_app import query, train
+
+        received = message_from_proto(message_to_proto(message))
+        node = message.metadata.dst_node_id
+        node_config = {"partition-id": node - 1, "num-partitions": len(self.node_ids)}
+        state = self._states.setdefault(node, RecordDict())
+        context = Context(run_id=1, node_id=node, node_config=node_config, state=state, run_config={})
+        ours = query if received.metadata.message_type == MessageType.QUERY else train
+        try:
+            answer = ours(received, context) if self.app is None else self.app(received, context)
+        except Exception as exc:  # the engine turns a ClientApp exception into an error reply
+            answer = Message(Error(code=0, reason=f"{type(exc).__name__}: {exc}"), reply_to=received)
+        return message_from_proto(message_to_proto(answer))
 
 
 #: Strategies whose run states "not covered" (fed_smp_topk as published: data-dependent top-k support;

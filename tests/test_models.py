@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 import warnings
 
 import numpy as np
@@ -9,12 +11,14 @@ import pytest
 import torch
 from torch import nn
 
+from apps.local_ray import RAY_ENV
 from fl_app.models import (
     CNN,
     MODELS,
     build_model,
     get_weights,
     resnet18_gn,
+    resolve_device,
     set_weights,
     weight_names,
     weight_shapes,
@@ -128,3 +132,30 @@ def test_batchnorm_models_exchange_float_buffers_only() -> None:
     set_weights(fresh, get_weights(model))
     torch.testing.assert_close(fresh[1].running_mean, model[1].running_mean)
     assert int(fresh[1].num_batches_tracked) == 0, "the integer counter stays local"
+
+
+class _StubRay(types.SimpleNamespace):
+    """What ray_gave_no_gpu reads of Ray: initialised, the process's mode, the GPUs Ray gave it."""
+
+    WORKER_MODE = 1
+
+    def __init__(self, mode: int, gpus: list[int]) -> None:
+        context = types.SimpleNamespace(
+            worker=types.SimpleNamespace(mode=mode), get_accelerator_ids=lambda: {"GPU": gpus, "TPU": []}
+        )
+        super().__init__(is_initialized=lambda: True, get_runtime_context=lambda: context)
+
+
+def test_device_auto_stays_on_the_cpu_in_a_ray_worker_given_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPU twin of a GPU machine: torch sees a GPU (patched), and a Ray worker that Ray gave none (which sees
+    the machine's GPUs under RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0) trains on the CPU under ``auto``."""
+    assert RAY_ENV == {"RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0"}  # the value Ray's FutureWarning names
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "ray", _StubRay(mode=1, gpus=[]))
+    assert [resolve_device(d).type for d in ("auto", "cpu", "cuda")] == ["cpu", "cpu", "cuda"]
+    monkeypatch.setitem(sys.modules, "ray", _StubRay(mode=1, gpus=[0]))
+    assert resolve_device("auto").type == "cuda"  # a worker Ray gave a GPU
+    monkeypatch.setitem(sys.modules, "ray", _StubRay(mode=0, gpus=[]))
+    assert resolve_device("auto").type == "cuda"  # the driver: the server's evaluation uses what torch sees
+    monkeypatch.delitem(sys.modules, "ray")
+    assert resolve_device("auto").type == "cuda"  # no Ray: a SuperNode

@@ -25,6 +25,7 @@ RUN = [
     "dataset.max_test_samples=100",
     f"privacy.sample_rate={Q}",
     "num_rounds=3",
+    "allow_virtual_deployment=true",  # FakeGrid counts as a real SuperLink (not the simulation engine)
 ]
 
 
@@ -80,6 +81,34 @@ def test_seeded_randomness_against_a_superlink_fails_before_any_message(tmp_path
     assert grid.seen == []
     meta = json.loads((tmp_path / "run.json").read_text())
     assert meta["status"] == "failed" and "allow_seeded_deployment" in meta["error"]
+
+
+def test_a_virtual_population_against_a_superlink_fails_before_any_message(tmp_path: Path) -> None:
+    """population=virtual against a real SuperLink would send each SuperNode the ids of other sampled clients:
+    refused before the first message unless allowed, run.json saying why."""
+    grid = WatchingGrid(tmp_path)
+    config = compose_config([*RUN[:-1], "allow_virtual_deployment=false"])
+    with pytest.raises(ConfigError, match=r"population=virtual against a real SuperLink.*allow_virtual_deployment"):
+        run_federated(grid, config, tmp_path, progress=False)
+    assert grid.seen == []
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["status"] == "failed" and "population=nodes" in meta["error"]
+
+
+def test_an_allowed_virtual_population_against_a_superlink_states_what_supernodes_learn(tmp_path: Path) -> None:
+    run_federated(WatchingGrid(tmp_path), compose_config([*RUN, "num_rounds=1"]), tmp_path, progress=False)
+    meta = json.loads((tmp_path / "run.json").read_text())
+    assert meta["status"] == "completed"
+    assert "each SuperNode is sent the ids of the sampled clients" in meta["supernodes_learn"]
+    assert "not against SuperNodes" in meta["supernodes_learn"]
+
+
+def test_a_virtual_population_in_simulation_states_nothing_more(tmp_path: Path) -> None:
+    class SimulationGrid(FakeGrid, InMemoryGrid):
+        pass
+
+    run_federated(SimulationGrid(), compose_config([*RUN, "num_rounds=1"]), tmp_path, progress=False)
+    assert "supernodes_learn" not in json.loads((tmp_path / "run.json").read_text())
 
 
 @pytest.mark.parametrize("stream", ["shared", "per_run"])

@@ -53,6 +53,10 @@ class AppConfig:
     #: Consecutive rounds in which clients were sampled but no update was accepted before the run fails (0 = never):
     #: such rounds release noise only and spend ε while nobody trains (fl_app/empty_rounds.py).
     max_empty_rounds: int = 3
+    #: ``population=virtual`` against a real SuperLink: each SuperNode is sent the ids of the sampled clients whose
+    #: partitions it trains, so the sample is not secret from SuperNodes; refused unless this is true
+    #: (strategies/settings.py, docs/PRIVACY.md).
+    allow_virtual_deployment: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -119,7 +123,14 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         server_optimizer=server_optimizer,
         # Configs stored before the setting existed (checkpoints) resume with its default.
         max_empty_rounds=_top_int({"max_empty_rounds": 3, **raw}, "max_empty_rounds", 0),
+        allow_virtual_deployment=_top_bool(raw, "allow_virtual_deployment", default=False),
     )
+
+
+def _top_bool(raw: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = raw.get(key, default)  # configs stored before the setting existed (checkpoints) get its default
+    _require(isinstance(value, bool), key, value, "true or false")
+    return bool(value)
 
 
 def _top_int(raw: Mapping[str, Any], key: str, minimum: int) -> int:
@@ -150,8 +161,9 @@ def load_app_config(cfg: DictConfig | Mapping[str, Any]) -> AppConfig:
 
 
 #: Top-level keys the noise key does not hash: where the run writes (a resume rewrites both to the run directory, and
-#: must draw the noise it drew before), and when a run with nobody training is stopped (what it releases is the same).
-NOISE_KEY_IGNORES: tuple[str, ...] = ("output_dir", "resume", "max_empty_rounds")
+#: must draw the noise it drew before), when a run with nobody training is stopped and whether a virtual population may
+#: run against a real SuperLink (what it releases is the same).
+NOISE_KEY_IGNORES: tuple[str, ...] = ("output_dir", "resume", "max_empty_rounds", "allow_virtual_deployment")
 
 
 def noise_stream_key(config: AppConfig) -> int | None:

@@ -5,6 +5,7 @@ before the first message."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -148,3 +149,13 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (np.integer, np.floating)) and not isinstance(value, np.bool_):
         return value.item()
     return value
+
+
+def check_release_dir(directory: Path, releases: int, secure: bool) -> None:
+    """ValueError for a seeded run on a ``release_dir`` that already logs ``releases`` releases."""
+    if releases and not secure:
+        raise ValueError(
+            f"release_dir {directory} already logs {releases} releases: a seeded run would draw their noise "
+            "again (two models whose difference is noise-free, which no accountant covers); use an empty "
+            "release_dir, or secure=True"
+        )

@@ -6,12 +6,15 @@ strategy's mean cast back to the model's dtypes (:func:`released_model`); and th
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
+from logging import INFO
 from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_app.privacy import mechanisms as mech
@@ -48,9 +51,23 @@ def global_model(arrays: ArrayRecord) -> tuple[tuple[str, ...], tuple[np.ndarray
     return keys, tuple(t.astype(np.float64) for t in tensors), tuple(t.dtype for t in tensors)
 
 
-def population(grid: Grid, num_clients: int) -> list[int]:
-    """The grid's node ids, sorted; ValueError, before any message, unless they are the M = ``num_clients`` clients."""
-    node_ids = sorted({int(node) for node in grid.get_node_ids()})
+#: Seconds the first round waits for the M nodes to connect (Flower's simulation engine registers its nodes while
+#: the ServerApp starts; a SuperLink's nodes connect one by one); later rounds refuse a missing node at once.
+CONNECT_WAIT_S = 60.0
+
+
+def population(grid: Grid, num_clients: int, wait: bool = False) -> list[int]:
+    """The grid's node ids, sorted; ValueError, before any message, unless they are the M = ``num_clients`` clients.
+    With ``wait`` (the first round), fewer nodes are waited for up to :data:`CONNECT_WAIT_S` seconds first."""
+    deadline = time.monotonic() + (CONNECT_WAIT_S if wait else 0.0)
+    waited = False
+    while len(node_ids := sorted({int(node) for node in grid.get_node_ids()})) < num_clients:
+        if time.monotonic() >= deadline:
+            break
+        if not waited:  # one line, not one a poll
+            log(INFO, "Waiting for the num_clients=%d nodes to connect (%d connected)", num_clients, len(node_ids))
+            waited = True
+        time.sleep(0.1)
     if len(node_ids) != num_clients:
         raise ValueError(
             f"ClientLevelDP samples its clients among num_clients={num_clients} nodes (one client each), but the "

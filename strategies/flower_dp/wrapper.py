@@ -7,9 +7,8 @@ docs/mechanisms.md states it (sampling: 1; the mechanism: 2–4; accounting: 6�
 
 - sampling: the wrapper draws the round's clients itself — Poisson(q) over the M connected nodes (one client a
   node), or exactly m = qM of them without replacement — from the OS CSPRNG (``secure=True``) or the seeded stream
-  (seed, k, :data:`SAMPLING_STREAM`) of the k-th round the wrapper starts; the inner strategy only builds the
-  messages (its config goes along, e.g. FedProx's ``proximal-mu``), and the wrapper sends those addressed to the
-  sampled nodes.
+  (seed, k, :data:`SAMPLING_STREAM`) of the k-th round it starts; the inner strategy only builds the messages (its
+  config goes along, e.g. FedProx's ``proximal-mu``), and the wrapper sends those of the sampled nodes.
 - the mechanism: each accepted reply's update Δ_i = trained − global (float64) is clipped to global L2 norm C,
   and the round releases w + (1/m) Σ_i Δ̃_i + Z with Z ~ N(0, (σC/m)²·I) over the FIXED denominator m = qM, whoever
   answered. The wrapper obtains it *through the inner strategy's own mean*: it hands the inner strategy n replies
@@ -29,9 +28,9 @@ docs/mechanisms.md states it (sampling: 1; the mechanism: 2–4; accounting: 6�
 The guarantee is ours, not Flower's ``DifferentialPrivacyServerSideFixedClipping``'s: that wrapper divides by the
 number of replies, lets FedAvg weight them by ``num-examples`` and samples with ``random.sample``; here the
 sensitivity C/m holds by construction and strategies whose aggregate is not a mean are refused before the first
-message. Client-reported metrics (train and evaluate) are outside ε: the training round publishes only
-non-client-derived metrics (ε, δ, rounds, the noise std); evaluation is delegated to the inner strategy and its
-metrics are, as Flower's wrapper says of its own, not covered. How to use it: docs/client_level_dp.md.
+message. Client-reported metrics are outside ε: training returns no metrics (its ε, δ, releases and noise std are
+logged and kept in ``privacy_metrics``); evaluation is the inner strategy's, its metrics, as Flower's wrapper says
+of its own, not covered. How to use it: docs/client_level_dp.md.
 """
 
 from __future__ import annotations
@@ -62,7 +61,9 @@ from strategies.flower_dp.checks import (
     UNIT_WEIGHT,
     check_arguments,
     check_inner_strategy,
+    check_release_dir,
 )
+from strategies.flower_dp.logs import inner_round_lines_dropped, log_summary, privacy_record
 from strategies.flower_dp.replies import (
     PlannedRound,
     causes,
@@ -180,6 +181,9 @@ class ClientLevelDP(Strategy):
         #: Why the budget guard stopped the run (None while it runs).
         self.stop_reason: str | None = None
         self.empty_rounds = EmptyRoundWatch(int(max_empty_rounds), "ClientLevelDP max_empty_rounds")
+        #: Each released round's ε, δ, releases and noise std by round (training returns none: Flower prints those
+        #: as the clients').
+        self.privacy_metrics: dict[int, MetricRecord] = {}
         #: The last training round's reply counts (client-derived: kept here, never in a MetricRecord).
         self.last_round_counts: dict[str, Any] | None = None
         self.release_log: ReleaseLog | None = None
@@ -253,14 +257,10 @@ class ClientLevelDP(Strategy):
         return f"ClientLevelDP({self.strategy!r}, q={self.sample_rate}, C={self.clip_norm}, σ={self.noise_multiplier})"
 
     def summary(self) -> None:
-        """Log the DP settings, then the inner strategy's."""
-        log(INFO, "\t├──> Client-level DP (DP-FedAvg, docs/client_level_dp.md):")
-        log(INFO, "\t│\t├── sampling: %s, q=%s over M=%d clients, m=qM=%s", self.sampling, self.sample_rate,
-            self.num_clients, self.expected_clients)  # fmt: skip
-        log(INFO, "\t│\t├── clip norm C=%s, noise multiplier σ=%s (std σC/m=%.4g)", self.clip_norm,
-            self.noise_multiplier, self.noise_std)  # fmt: skip
-        log(INFO, "\t│\t├── accountant %s at δ=%g; max ε: %s", self.accountant_name, self.delta, self.max_epsilon)
-        log(INFO, "\t│\t└── randomness: %s", self.randomness)
+        """Log the DP settings, then the inner strategy's (:func:`strategies.flower_dp.logs.log_summary`)."""
+        log_summary(self.sampling, self.sample_rate, self.num_clients, self.expected_clients, self.clip_norm,
+                    self.noise_multiplier, self.noise_std, self.accountant_name, self.delta, self.max_epsilon,
+                    str(self.randomness))
         self.strategy.summary()
 
     # ------------------------------------------------------------------------------------------------------------
@@ -277,7 +277,7 @@ class ClientLevelDP(Strategy):
         if self.stop_reason is not None:
             log(INFO, "configure_train: round %d not started: %s", server_round, self.stop_reason)
             return []
-        node_ids = population(grid, self.num_clients)
+        node_ids = population(grid, self.num_clients, wait=self.rounds_started == 0)
         keys, weights, dtypes = global_model(arrays)
         if self.max_epsilon is not None:
             projected = self.ledger.projected_epsilon(self.noise_multiplier, self.sample_rate)
@@ -298,7 +298,9 @@ class ClientLevelDP(Strategy):
         # The inner strategy builds its messages for every node (fraction_train=1.0): its config, and its own state
         # (FedOpt's and FedAvgM's current arrays) follow the round; only the sampled nodes' messages are sent.
         by_node: dict[int, Message] = {}
-        for message in self.strategy.configure_train(server_round, arrays, config, grid):
+        with inner_round_lines_dropped():  # its "Sampled M nodes" is not who is sent one
+            built = list(self.strategy.configure_train(server_round, arrays, config, grid))
+        for message in built:
             node = int(message.metadata.dst_node_id)
             if node in by_node:
                 raise RuntimeError(f"{type(self.strategy).__name__}.configure_train addressed node {node} twice")
@@ -318,7 +320,8 @@ class ClientLevelDP(Strategy):
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Bind and screen the replies, clip, release w + (1/m)ΣΔ̃ + Z through the inner strategy's mean, log the
-        release ahead, account it, and return the inner strategy's result with non-client-derived metrics only.
+        release ahead, account it, and return the inner strategy's result and no metrics: the round's ε is logged
+        and kept in :attr:`privacy_metrics`, the clients' metrics are dropped.
 
         A round that configure_train did not start (budget guard) releases nothing: (None, None)."""
         replies = list(replies)
@@ -340,7 +343,8 @@ class ClientLevelDP(Strategy):
         noise = mech.add_gaussian_noise(zeros, self.noise_std, rng)
         # The inner strategy's unweighted mean of these is w + (1/m) ΣΔ̃ + Z, over the fixed m whoever answered.
         forwarded = forwarded_replies(self.strategy.arrayrecord_key, planned, accepted, noise, self.expected_clients)
-        aggregated, _client_metrics = self.strategy.aggregate_train(server_round, forwarded)
+        with inner_round_lines_dropped():  # its "Received n results" counts the forwarded replies
+            aggregated, _client_metrics = self.strategy.aggregate_train(server_round, forwarded)
         released = released_model(aggregated, planned)
 
         digest = model_digest(released.to_numpy_ndarrays())
@@ -354,13 +358,9 @@ class ClientLevelDP(Strategy):
             epsilon, self.delta, self.rounds_released)  # fmt: skip
         # After the release is logged and accounted: a run in which nobody trains fails, with its ε stated.
         self.empty_rounds.observe(server_round, len(planned.messages), len(accepted), causes(self.last_round_counts))
-        metrics = MetricRecord({
-            "dp-epsilon": float(epsilon),
-            "dp-delta": self.delta,
-            "dp-rounds-released": int(self.rounds_released),
-            "dp-noise-std": float(self.noise_std),
-        })  # fmt: skip
-        return released, metrics
+        # Not in the train MetricRecord, which Flower's start() prints as the ClientApp-side metrics.
+        self.privacy_metrics[server_round] = privacy_record(epsilon, self.delta, self.rounds_released, self.noise_std)
+        return released, None
 
     # ------------------------------------------------------------------------------------------------------------
     # Evaluation: the inner strategy's, outside ε
@@ -391,12 +391,7 @@ class ClientLevelDP(Strategy):
         directory.mkdir(parents=True, exist_ok=True)
         release_log = ReleaseLog(directory)
         earlier = release_log.read()
-        if earlier and not self.secure:
-            raise ValueError(
-                f"release_dir {directory} already logs {len(earlier)} releases: a seeded run would draw their noise "
-                "again (two models whose difference is noise-free, which no accountant covers); use an empty "
-                "release_dir, or secure=True"
-            )
+        check_release_dir(directory, len(earlier), self.secure)
         for release in earlier:  # every model that left the server is spent, whichever run released it
             self._account(release.noise_multiplier, release.sample_rate)
         if earlier:

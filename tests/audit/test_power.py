@@ -73,7 +73,8 @@ def test_the_alarm_reaches_run_json_and_the_printed_guarantee(tmp_path: Path, ca
     the guarantee it states, and the final line, carry the alarm."""
     config = compose_config(["strategy=dp_fedavg", "dataset.num_clients=20", "dataset.max_train_samples=400",
                              "dataset.max_test_samples=100", "privacy.sample_rate=0.5", "num_rounds=3",
-                             "audit=canaries", "audit.canaries=200"])  # fmt: skip
+                             "audit=canaries", "audit.canaries=200",
+                             "allow_virtual_deployment=true"])  # FakeGrid counts as a real SuperLink  # fmt: skip
     caplog.set_level(logging.INFO)
     with noise_scaled(0.25):
         run_federated(FakeGrid(), config, tmp_path, progress=False)

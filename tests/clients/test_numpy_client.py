@@ -131,23 +131,6 @@ def test_the_mod_carries_the_round_mask() -> None:
         assert all(m.dtype == np.bool_ for m in mask)
 
 
-def test_a_message_carrying_a_cohort_is_refused_naming_the_setting() -> None:
-    """A NumPyClient's reply is one client's model, screened and clipped by the server as one client's update: a
-    cohort message (``simulation.cohort_size`` other than 1) gets an error reply naming ``simulation.cohort_size=1``,
-    before any client is built, and the server counts each of its partitions as failed."""
-    overrides = [o for o in SMALL if not o.startswith("simulation.cohort_size=")]
-    strategy = build("strategy=dp_fedsam", *overrides, "simulation.cohort_size=2")
-    plan = _plan(strategy, _initial())
-    assert [len(ids) for _, ids in plan.sent] == [2]
-    replies = InProcessGrid(nodes=2, app=_spy_app()).send_and_receive(plan.messages)
-    (answer,) = replies
-    assert answer.has_error() and "simulation.cohort_size=1" in answer.error.reason
-    assert "carries 2" in answer.error.reason
-    assert Spy.seen == []
-    outcome = strategy.aggregate(plan, replies)
-    assert outcome.stats["failed"] == 2 and outcome.stats["aggregated"] == 0
-
-
 def test_the_mod_answers_the_partition_query() -> None:
     query = Message(
         RecordDict({"config": ConfigRecord({"query": "partition"})}), dst_node_id=2, message_type=MessageType.QUERY

@@ -6,8 +6,10 @@ message through Flower's wire format), as a Flower 1.42 user runs them; two Supe
   own ``fit`` and ``evaluate``), from ``ArrayRecord(model.state_dict())``, with Flower's default
   ``fraction_evaluate=1.0``: every reply accepted, the model released under its ``state_dict`` keys, the nodes'
   evaluation aggregated every round.
-* our SAM NumPyClient (``clients.numpy_client:app``) under DP-FedSAM through the ServerApp's ``run_federated`` (what
-  ``flwr run`` runs) with ``simulation.cohort_size=1``: every sampled client aggregated, none failed or rejected.
+* our SAM NumPyClient (``clients.numpy_client:app``'s client and mod) under DP-FedSAM through the ServerApp's
+  ``run_federated`` (what ``flwr run`` runs) with the default ``simulation.cohort_size=auto``: one cohort message per
+  SuperNode, answered with one model per partition (fl_app/partition_models.py) that the server clips one by one;
+  every sampled client aggregated, none failed or rejected.
 
 Each run is a subprocess (its own Ray, Flower home and temp dirs: tests/integration/conftest.py); the functions it
 runs are this module's :func:`client_level_dp_run` and :func:`dp_fedsam_run`.
@@ -26,7 +28,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Context, Message
+from flwr.app import ArrayRecord, Context, Message, MessageType
 from flwr.client import Client, NumPyClient
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
@@ -146,9 +148,25 @@ DP_FEDSAM = [
     "dataset.max_test_samples=200",
     "privacy.sample_rate=0.4",  # m = 4
     "privacy.sampling=fixed",
-    "simulation.cohort_size=1",  # a NumPyClient answers for one client
-    "checkpoint_every=0",
+    "checkpoint_every=0",  # simulation.cohort_size=auto: a cohort message of 2 clients per SuperNode
 ]
+#: Where each node writes what it saw of every train message (JSON lines: :func:`logged_mod`).
+TRAIN_LOG = "train_messages.jsonl"
+
+
+def logged_mod(out: str) -> Any:
+    """A mod that appends, for every train message, how many partitions it named and the records of its reply to
+    ``out``/:data:`TRAIN_LOG` (the nodes are other processes: the log is how the test sees cohort messages)."""
+
+    def mod(msg: Message, context: Context, call_next: Any) -> Message:
+        reply = call_next(msg, context)
+        if msg.metadata.message_type == MessageType.TRAIN:
+            seen = {"partitions": len(msg.content["config"]["partition_ids"]), "records": sorted(reply.content.keys())}
+            with (Path(out) / TRAIN_LOG).open("a") as log:
+                log.write(json.dumps(seen) + "\n")
+        return reply
+
+    return mod
 
 
 def dp_fedsam_run(out: str) -> None:
@@ -156,10 +174,12 @@ def dp_fedsam_run(out: str) -> None:
     from flwr.simulation import run_simulation
 
     from apps.server_app import make_server_app
-    from clients.numpy_client import app as client_app
+    from clients.numpy_client import client_fn, numpy_client_mod
     from fl_app.config import compose_config
 
     server_app = make_server_app(compose_config(DP_FEDSAM), Path(out), progress=False)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    client_app = ClientApp(client_fn=client_fn, mods=[logged_mod(out), numpy_client_mod])
     run_simulation(server_app=server_app, client_app=client_app, num_supernodes=2, backend_config=BACKEND)
 
 
@@ -199,3 +219,7 @@ def test_our_sam_numpy_client_under_dp_fedsam_on_flowers_engine(short_tmp: Path)
         assert math.isfinite(record["test_loss"]) and record["epsilon"] > 0
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "completed" and run["rounds_completed"] == ROUNDS
+    # Every train message was a cohort (one a SuperNode a round), answered with each partition's model apart.
+    seen = [json.loads(line) for line in (out / TRAIN_LOG).read_text().splitlines()]
+    assert [s["partitions"] for s in seen] == [2] * 2 * ROUNDS
+    assert all("partition_models" in s["records"] and len(s["records"]) == 1 + 2 * 2 for s in seen)

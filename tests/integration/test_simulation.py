@@ -16,6 +16,7 @@ from fl_app.config import compose_config
 from fl_app.metrics import ROUND_FIELDS, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
 from tests.integration.conftest import SMALL, flwr_run_simulation, kill_after_a_round_then_resume, run_hydra
+from tests.integration.test_first_screen import first_screen_problems
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -26,6 +27,7 @@ DP_FEDSAM = ["strategy=dp_fedsam", f"num_rounds={ROUNDS}", *SMALL]
 def _completed(tmp: Path, overrides: list[str]) -> Path:
     proc = run_hydra(tmp, overrides)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert first_screen_problems(proc.stdout + proc.stderr) == [], proc.stdout + proc.stderr
     return tmp / "out"
 
 
@@ -108,6 +110,7 @@ def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Pa
     run_config = f"num_rounds={ROUNDS} overrides='{' '.join(SMALL)}' output_dir='{out}'"  # same config and seed
     proc = flwr_run_simulation(short_tmp, run_config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert first_screen_problems(proc.stdout + proc.stderr) == [], proc.stdout + proc.stderr
     assert (out / "final_model.npz").exists(), proc.stdout[-3000:]
     # flwr run against a --simulation SuperLink is a simulation: seeded, reproducible noise (secure_noise=auto).
     assert json.loads((out / "run.json").read_text())["noise_source"].startswith("seeded")

@@ -120,6 +120,21 @@ def test_clip_large_update_float32() -> None:
     assert global_l2_norm(clipped) <= 0.2
 
 
+def test_clip_a_near_constant_float64_update_of_a_model_size_meets_c() -> None:
+    """The server computes a Flower reply's Δ = trained − global in float64: a client that returns global + a
+    constant gives a near-constant update, whose coordinates and norm terms all round the same way. Over 1.66M
+    coordinates (the CNN's size) the measured norm stayed 1e-14 above C after the one-ulp retries, and the clip
+    raised FloatingPointError, which failed the round. The doubling retries meet C with a shrink under 1e-13."""
+    rng = np.random.default_rng(2)
+    global_model = [rng.standard_normal(1_663_370).astype(np.float32)]
+    for constant in (0.02, -0.3, 1e-3):
+        update = [(g + np.float32(constant)).astype(np.float64) - g.astype(np.float64) for g in global_model]
+        clipped, norm = clip_update(update, 0.2)
+        assert norm > 0.2
+        assert global_l2_norm(clipped) <= 0.2
+        assert global_l2_norm(clipped) >= 0.2 * (1 - 1e-13)
+
+
 def test_clip_float16_towards_a_tiny_c_never_exceeds_it() -> None:
     """Scaled towards C = 1e-6, float16 coordinates fall on subnormals, whose rounding error is absolute: in its
     own dtype the bound cannot always be met (the clip raised FloatingPointError before). It must hold anyway."""

@@ -27,9 +27,11 @@ from flwr.client import NumPyClient
 from flwr.clientapp import ClientApp
 
 from clients.numpy_client import numpy_client_mod
+from fl_app.node_queries import answer_query
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger
 from strategies.base import FederatedStrategy
+from strategies.population import PopulationError
 from strategies.rounds import RoundOutcome, RoundPlan
 from strategies.screening import screen
 from tests.helpers import InProcessGrid, build, prime, reply, with_norm
@@ -312,8 +314,14 @@ def _numpy_client_app() -> ClientApp:
 
 
 def _message_api_app() -> ClientApp:
-    """A Message-API ClientApp as Flower's templates write one (``@app.train()``), with no mod of ours."""
+    """A Message-API ClientApp as Flower's templates write one (``@app.train()``), with no mod of ours. It trains
+    the partition the message names, and says so to the server's ``binding`` query (population=virtual refuses
+    a ClientApp that does not: fl_app/node_queries.py) with our answer function."""
     app = ClientApp()
+
+    @app.query()
+    def query(msg: Message, context: Context) -> Message:
+        return answer_query(msg, context.node_config)
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
@@ -396,14 +404,17 @@ def test_a_flower_client_app_of_our_own_under_dp_fedavg_is_clipped_noised_and_ac
     assert not all(np.array_equal(a, b) for a, b in zip(other.models[0], noisy_rounds.models[0], strict=True))
 
 
-def test_a_bare_client_fn_app_cannot_read_message_api_train_messages() -> None:
+def test_a_bare_client_fn_app_is_refused_before_the_first_train_message() -> None:
     """Why clients.numpy_client has a mod: without it Flower's legacy handler looks for ``fitins.*`` records, which
-    no Message-API strategy sends; every reply is an error, counted as a failed client."""
+    no Message-API strategy sends, and the client would train its node's own partition; under population=virtual
+    the server refuses it at the binding query, before any message or release."""
 
     def client_fn(context: Context):
         return PlainNumPyClient(int(context.node_config["partition-id"])).to_client()
 
     observer = Rounds()
     strategy = build(*E2E, observers=[observer])
-    strategy.start(InProcessGrid(nodes=2, app=ClientApp(client_fn=client_fn)), ArrayRecord(_initial()), num_rounds=1)
-    assert observer.stats[0]["failed"] == M_E2E and observer.stats[0]["aggregated"] == 0
+    grid = InProcessGrid(nodes=2, app=ClientApp(client_fn=client_fn))
+    with pytest.raises(PopulationError, match="numpy_client_mod"):
+        strategy.start(grid, ArrayRecord(_initial()), num_rounds=1)
+    assert observer.stats == [] and grid.sent == [] and strategy.rounds_released == 0

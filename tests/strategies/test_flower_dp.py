@@ -51,7 +51,7 @@ from fl_app.privacy.accounting import compute_epsilon
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import ReleaseLog, model_digest
 from strategies import DPFedAvg
-from strategies.flower_dp import NOISE_STREAM, SAMPLING_STREAM, UNIT_WEIGHT, ClientLevelDP
+from strategies.flower_dp import NOISE_STREAM, SAMPLING_STREAM, UNIT_WEIGHT, ClientLevelDP, replies
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
 DIM = 5
@@ -217,10 +217,11 @@ def test_fedavg_run_by_flowers_start_is_sampled_clipped_noised_logged_and_accoun
     # The wrapper's sampler chose who trained (the inner FedAvg addressed every node); FedAvg evaluated on its own.
     assert grid.train_calls() == [sampled_nodes(3, r, 10, 0.5) for r in (1, 2, 3)]
     assert all(sorted(nodes) == list(range(1, 11)) for kind, nodes in grid.calls if kind == MessageType.EVALUATE)
-    # Published training metrics are the mechanism's, none client-derived (no counts, no num-examples, no loss).
-    published = {key for record in result.train_metrics_clientapp.values() for key in record}
+    # No training metrics reach Flower's ClientApp-side record; the mechanism's are kept apart, none client-derived.
+    assert result.train_metrics_clientapp == {}
+    published = {key for record in strategy.privacy_metrics.values() for key in record}
     assert published == {"dp-epsilon", "dp-delta", "dp-rounds-released", "dp-noise-std"}
-    assert result.train_metrics_clientapp[3]["dp-epsilon"] == pytest.approx(expected, rel=1e-12)
+    assert strategy.privacy_metrics[3]["dp-epsilon"] == pytest.approx(expected, rel=1e-12)
     assert "loss" in result.evaluate_metrics_clientapp[3]  # evaluation: the inner strategy's, outside ε
     assert strategy.last_round_counts is not None and strategy.last_round_counts["accepted"] == len(
         sampled_nodes(3, 3, 10, 0.5)
@@ -447,7 +448,10 @@ def test_numpy_scalars_are_taken_as_the_numbers_they_hold() -> None:
     assert type(strategy.sample_rate) is float and strategy.expected_clients == 5.0
 
 
-def test_a_grid_whose_nodes_are_not_the_population_is_refused_before_any_message() -> None:
+def test_a_grid_whose_nodes_are_not_the_population_is_refused_before_any_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replies, "CONNECT_WAIT_S", 0.2)  # the first round waits that long for the missing node
     strategy = wrapper()  # M = 10
     grid = ClientAppGrid(nodes=9)
     with pytest.raises(ValueError, match="9 connected nodes"):
@@ -578,7 +582,7 @@ def test_budget_guard_stops_before_the_round_that_would_pass_max_epsilon(tmp_pat
     # Rounds 3-5 sent no training message; the model is round 2's release.
     train_calls = [nodes for kind, nodes in grid.calls if kind != MessageType.EVALUATE]
     assert [len(nodes) > 0 for nodes in train_calls] == [True, True, False, False, False]
-    assert sorted(result.train_metrics_clientapp) == [1, 2]
+    assert sorted(strategy.privacy_metrics) == [1, 2] and result.train_metrics_clientapp == {}
     assert ReleaseLog(tmp_path).read()[-1].digest == model_digest(result.arrays.to_numpy_ndarrays())
     assert strategy.aggregate_train(6, []) == (None, None)
 
@@ -642,13 +646,13 @@ def test_a_flower_accountant_instance_accounts_the_releases_as_it_does_for_our_s
     flowers = RdpAccountant(flower_config(fixed=fixed))
     strategy = wrapper(accountant=flowers, sampling=sampling)
     assert strategy.accountant is flowers
-    result = Strategy.start(strategy, ClientAppGrid(nodes=10), initial(), num_rounds=2)
+    Strategy.start(strategy, ClientAppGrid(nodes=10), initial(), num_rounds=2)
     assert flowers.num_releases == 2 and strategy.rounds_released == 2
     # Flower's event: m = qM = 5 of M = 10; the multiplier over the relation's sensitivity (2C under replace-one).
     expected = RdpAccountant(flower_config(fixed=fixed))
     expected.compose(GaussianPrivacyEvent(SIGMA / 2 if fixed else SIGMA, sample_size=5, population_size=10), 2)
     assert strategy.epsilon() == pytest.approx(expected.get_epsilon(DELTA), rel=1e-12)
-    assert result.train_metrics_clientapp[2]["dp-epsilon"] == pytest.approx(expected.get_epsilon(DELTA), rel=1e-12)
+    assert strategy.privacy_metrics[2]["dp-epsilon"] == pytest.approx(expected.get_epsilon(DELTA), rel=1e-12)
     assert strategy.dp_guarantee()["accountant"] == "flwr-rdp"
     # Our strategy given the same kind of accountant spends the same.
     reference = ours(sampling=sampling, accountant=RdpAccountant(flower_config(fixed=fixed)))
@@ -685,7 +689,7 @@ def test_sigma_zero_runs_without_noise_and_states_epsilon_as_our_strategies_do(t
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
     assert strategy.rounds_released == 2 and [r.noise_multiplier for r in ReleaseLog(tmp_path).read()] == [0.0, 0.0]
     assert strategy.epsilon() == math.inf and strategy.accountant.get_epsilon(DELTA) == math.inf
-    assert result.train_metrics_clientapp[2]["dp-epsilon"] == math.inf
+    assert strategy.privacy_metrics[2]["dp-epsilon"] == math.inf
     # Our DP-FedAvg with σ = 0 accounts the same events and states the same claim.
     reference = ours(noise_multiplier=0.0)
     for _ in range(2):
@@ -706,7 +710,7 @@ def test_sigma_zero_under_a_budget_stops_before_the_first_round_as_our_strategie
     assert [nodes for kind, nodes in grid.calls if kind != MessageType.EVALUATE] == [[], [], []]  # nothing sent
     assert strategy.rounds_released == 0 and strategy.epsilon() == 0.0
     assert strategy.stop_reason is not None and "max_epsilon" in strategy.stop_reason
-    assert result.train_metrics_clientapp == {}
+    assert result.train_metrics_clientapp == {} and strategy.privacy_metrics == {}
     assert ours(noise_multiplier=0.0, max_epsilon=10.0).over_budget(1) is not None
 
 

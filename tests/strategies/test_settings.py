@@ -10,6 +10,10 @@ from tests.helpers import FakeGrid, build
 
 
 def _resolve(simulation: bool, *overrides: str) -> RunSettings:
+    """The settings of a run of ``overrides``; deployed, the default virtual population is allowed (its own rule is
+    :func:`test_a_virtual_population_against_a_real_superlink_is_refused_unless_allowed`)."""
+    if not simulation and not any(o.startswith(("population=", "allow_virtual_deployment=")) for o in overrides):
+        overrides = (*overrides, "allow_virtual_deployment=true")
     return RunSettings.resolve(compose_config(list(overrides)), simulation)
 
 
@@ -37,6 +41,14 @@ def test_seeded_randomness_against_a_real_superlink_is_refused_unless_allowed() 
     with pytest.raises(ConfigError, match="allow_seeded_deployment"):
         _resolve(False, "privacy.secure_noise=false")
     assert not _resolve(True, "privacy.secure_noise=false").secure_noise  # the simulation's seed stays on the server
+
+
+def test_a_virtual_population_against_a_real_superlink_is_refused_unless_allowed() -> None:
+    with pytest.raises(ConfigError, match="population=virtual against a real SuperLink"):
+        _resolve(False, "allow_virtual_deployment=false")
+    assert _resolve(False, "allow_virtual_deployment=true").cohort_size == 1
+    assert _resolve(False, "population=nodes").cohort_size == 1  # one client per SuperNode needs no allowance
+    assert _resolve(True, "allow_virtual_deployment=false").cohort_size == "per_node"  # the simulation's workers
 
 
 def test_the_first_resolution_decides_for_the_strategy() -> None:

@@ -30,6 +30,7 @@ RUN = [
     "privacy.secure_noise=false",
     "privacy.allow_seeded_deployment=true",
     "privacy.client_statistics=raw",
+    "allow_virtual_deployment=true",  # FakeGrid counts as a real SuperLink
 ]
 
 

@@ -15,6 +15,11 @@ from fl_app.privacy.mechanisms.norms import NDArrays, global_l2_norm
 # How many times clip_update may shrink its factor by one ulp-sized step before giving up; a single step
 # already suffices for float32 (see clip_update), the rest is headroom for float16/bfloat16-like dtypes.
 _MAX_CLIP_RETRIES = 16
+# In float64 only, after those: steps that double, up to 2³⁰ ulps (a relative 2.4e-7). A near-constant update rounds
+# every coordinate the same way, and so do the terms of its norm's sum, so the measured norm can stay above C by
+# many ulps (1e-14 relative on the CNN's 1.66M coordinates); a doubling step meets the bound with a shrink of at
+# most twice what it needs, where a fixed one-ulp step would give up and fail the round.
+_MAX_DOUBLING_RETRIES = 30
 
 
 def _round_down(value: float, dtype: np.dtype) -> np.floating:
@@ -92,8 +97,8 @@ def clip_update(update: Sequence[np.ndarray], clip_norm: float) -> tuple[NDArray
         return [tensor.copy() for tensor in arrays], norm
 
     clipped = _scale_within(arrays, alpha, clip_norm)
-    if clipped is None and any(tensor.dtype != np.float64 for tensor in arrays):
-        clipped = _scale_within([tensor.astype(np.float64) for tensor in arrays], alpha, clip_norm)
+    if clipped is None:
+        clipped = _scale_within_float64(arrays, alpha, clip_norm)
     if clipped is None:
         raise FloatingPointError(f"could not clip update of norm {norm} below {clip_norm}, not even in float64")
     return clipped, norm
@@ -114,4 +119,22 @@ def _scale_within(arrays: Sequence[np.ndarray], alpha: float, clip_norm: float) 
         if global_l2_norm(clipped) <= clip_norm:
             return clipped
         factor *= 1.0 - step
+    return None
+
+
+def _scale_within_float64(arrays: Sequence[np.ndarray], alpha: float, clip_norm: float) -> NDArrays | None:
+    """After :func:`_scale_within` failed in ``arrays``' own dtypes: the same in float64 where some dtype was
+    narrower, then doubling steps (:data:`_MAX_DOUBLING_RETRIES`) in float64."""
+    if any(tensor.dtype != np.float64 for tensor in arrays):
+        arrays = [tensor.astype(np.float64) for tensor in arrays]
+        clipped = _scale_within(arrays, alpha, clip_norm)
+        if clipped is not None:
+            return clipped
+    shrink = float(np.finfo(np.float64).eps) * _MAX_CLIP_RETRIES
+    for _ in range(_MAX_DOUBLING_RETRIES):
+        shrink *= 2.0
+        factor = alpha * (1.0 - shrink)
+        clipped = [tensor * factor for tensor in arrays]
+        if global_l2_norm(clipped) <= clip_norm:
+            return clipped
     return None
