@@ -5,9 +5,11 @@ The config is composed by Hydra and validated (:func:`fl_app.config.load_app_con
 Each run writes its resolved config (Hydra's ``.hydra/``), ``run.json``, ``metrics.jsonl`` and
 ``final_model.npz`` into its own output directory.
 
-Flower 1.42 marks ``flwr.simulation.run_simulation`` deprecated in favour of ``flwr run``. We keep it here
-because a Hydra job (one of many in a sweep) needs an in-process launch with its own config object and output
-directory; the ServerApp/ClientApp it runs are exactly the ones ``flwr run`` uses (docs/running.md: Flower API).
+Flower 1.42 marks ``flwr.simulation.run_simulation`` deprecated in favour of ``flwr run`` and offers no in-process
+runtime in its place. We keep it here because ``flwr run`` against a simulation-mode SuperLink starts every run
+about 7 s later on the 2-core machine (a second process importing torch, Opacus and Flower again, and Flower's own
+``ray.init`` with a job-level runtime_env), and because an engine that dies must stop this process's ServerApp
+(:func:`run`); the ServerApp/ClientApp it runs are exactly the ones ``flwr run`` uses (docs/running.md: Flower API).
 """
 
 from __future__ import annotations
