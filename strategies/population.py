@@ -68,14 +68,16 @@ class Population:
             reply = answered.get(node)
             if reply is not None and confirms_binding(reply):
                 continue
-            answer = "no answer" if reply is None else (f"error: {reply.error.reason}" if reply.has_error() else
+            answer = "no answer" if reply is None else (f"error: {_last_line(reply.error.reason)}"
+                                                         if reply.has_error() else
                                                          f"an answer without {BINDING_QUERY!r}")  # fmt: skip
             raise PopulationError(
-                f"population=virtual needs a ClientApp that trains the partition each message names (the server "
+                "use this project's ClientApp (apps.client_app:app), wrap a NumPyClient's ClientApp with "
+                "clients.numpy_mod.numpy_client_mod, or run with population=nodes (each SuperNode one client): "
+                "population=virtual needs a ClientApp that trains the partition each message names (the server "
                 f"samples partitions and sends them to any SuperNode), but SuperNode {node} did not confirm it "
-                f"({answer}): its replies would not be the sampled clients' data and epsilon would bound no data "
-                "owner. Use this project's ClientApp (apps.client_app:app), wrap a NumPyClient's ClientApp with "
-                "clients.numpy_mod.numpy_client_mod, or run with population=nodes (each SuperNode one client)"
+                f"({answer}), so its replies would not be the sampled clients' data and epsilon would bound no data "
+                "owner"
             )
 
     def _discover(self, grid: Grid, nodes: Sequence[int], timeout: float) -> dict[int, int]:
@@ -117,3 +119,9 @@ class Population:
         if self.mode == "nodes":
             return self._node_of_partition[partition_id]
         return self._nodes[position % len(self._nodes)]
+
+
+def _last_line(reason: str) -> str:
+    """The last line of an error reason: a ClientApp's failure arrives with its whole (Ray) traceback."""
+    lines = [line.strip() for line in reason.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else reason

@@ -478,3 +478,17 @@ def test_the_server_learning_rate_defaults_to_the_optimizers_own(overrides: list
 def test_a_server_learning_rate_must_be_positive_or_null() -> None:
     with pytest.raises(ConfigError, match=r"strategy\.server_lr"):
         compose_config(["strategy.server_lr=0"])
+
+
+@pytest.mark.parametrize(
+    ("override", "federation_key"),
+    [("simulation.client_gpus=1", "client-resources-num-gpus"),
+     ("simulation.client_cpus=2", "client-resources-num-cpus"),
+     ("simulation.total_cpus=4", "init-args-num-cpus"),
+     ("simulation.ray_address=auto", "RAY_ADDRESS")],
+)  # fmt: skip
+def test_flwr_run_refuses_the_hydra_engines_settings_it_would_ignore(override: str, federation_key: str) -> None:
+    """Under flwr run the engine is Flower's (--federation-config): these settings would be ignored silently."""
+    with pytest.raises(ConfigError, match=federation_key):
+        overrides_from_run_config({"overrides": f"num_rounds=2 {override}"})
+    assert overrides_from_run_config({"overrides": "simulation.cohort_size=1"}) == ["simulation.cohort_size=1"]

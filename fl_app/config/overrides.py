@@ -29,6 +29,14 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 GROUP_KEYS = ("strategy", "client", "dataset", "model", "privacy", "simulation", "audit", "server_optimizer")
 # Run-config keys that set a top-level scalar of conf/config.yaml.
 SCALAR_KEYS = ("seed", "num_rounds", "eval_every", "population", "round_timeout", "checkpoint_every")
+#: Settings of the Hydra path's own simulation engine, which ``flwr run`` does not read (the federation's engine is
+#: Flower's, configured by ``--federation-config``): refused rather than silently ignored.
+ENGINE_SETTINGS = {
+    "simulation.client_cpus": "client-resources-num-cpus",
+    "simulation.client_gpus": "client-resources-num-gpus",
+    "simulation.total_cpus": "init-args-num-cpus",
+    "simulation.ray_address": "RAY_ADDRESS in the SuperLink's environment",
+}
 
 
 def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
@@ -49,6 +57,13 @@ def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
     if not isinstance(extra, str):
         raise _fail("overrides", extra, "a string of space-separated Hydra overrides")
     result += extra.split()
+    for override in result:
+        key = override.split("=", 1)[0].lstrip("+~")
+        if key in ENGINE_SETTINGS:
+            raise ConfigError(
+                f"{key} in flwr run's overrides: flwr run does not read it (the federation's simulation engine is "
+                f"Flower's); set {ENGINE_SETTINGS[key]} in --federation-config instead (docs/running.md)"
+            )
     return result
 
 

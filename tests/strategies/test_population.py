@@ -44,7 +44,9 @@ def test_a_clientapp_that_trains_its_own_partition_is_refused_before_the_first_t
     with pytest.raises(PopulationError, match=r"population=virtual needs a ClientApp that trains the partition") as exc:
         strategy.start(grid, _initial(), num_rounds=1, timeout=5)
     message = str(exc.value)
+    assert message.startswith("use this project's ClientApp")  # the fix first: it ends a long log
     assert "numpy_client_mod" in message and "population=nodes" in message and "error:" in message
+    assert "\n" not in message  # the ClientApp's traceback cut to its last line
     assert grid.sent == []  # no train message went out
     assert strategy.rounds_released == 0  # nothing was released, no epsilon spent
 
