@@ -257,19 +257,28 @@ def test_sparse_canary_dots_match_the_densified_direction() -> None:
         canary_dots(SEED, [0], [np.zeros(5, np.float32), np.zeros(6, np.float32)], support=2)
 
 
-def test_ten_thousand_sparse_canaries_of_support_1000_at_paper_cnn_size_take_about_a_second() -> None:
-    """Measured on the 2-core development machine: ~0.8–1.1 s for 10,000 (~25 ms each dense: ~4 min)."""
-    size, support, canaries = 1_663_370, 1_000, 10_000
-    timings = []
-    for _ in range(3):  # best of up to three: the machine is shared
+def test_a_sparse_canary_of_support_1000_at_paper_cnn_size_costs_under_a_fiftieth_of_a_dense_one() -> None:
+    """O(support), not O(size): timed side by side with the dense canary, in this process, best of three.
+
+    Measured on the 2-core development machine: ~0.1 ms a sparse canary (10,000 in ~1 s) against ~25 ms a dense
+    one, a ratio of ~250; any step linear in d = 1,663,370 (even one np.zeros(d)) would bring it under 50. The
+    ratio, not a wall-clock bound, is asserted: a shared CI machine slows both sides alike.
+    """
+    size, support, sparse_count, dense_count = 1_663_370, 1_000, 1_000, 10
+
+    def seconds_each(draw: object, count: int) -> float:
         start = time.perf_counter()
-        for index in range(canaries):
-            sparse_canary_direction(SEED, index, size, support)
-        timings.append(time.perf_counter() - start)
-        if timings[-1] < 2.0:
-            break
-    print(f"10,000 sparse canaries (support 1,000, d = 1,663,370): {min(timings):.2f} s")
-    assert min(timings) < 2.0
+        for index in range(count):
+            draw(index)  # type: ignore[operator]
+        return (time.perf_counter() - start) / count
+
+    sparse, dense = [], []
+    for _ in range(3):  # interleaved, so that a busy moment slows both
+        sparse.append(seconds_each(lambda i: sparse_canary_direction(SEED, i, size, support), sparse_count))
+        dense.append(seconds_each(lambda i: canary_direction(SEED, i, size), dense_count))
+    ratio = min(dense) / min(sparse)
+    print(f"sparse {min(sparse) * 1e3:.3f} ms, dense {min(dense) * 1e3:.1f} ms a canary: {ratio:.0f}x")
+    assert ratio > 50
 
 
 # ------------------------------------------------------------------------------------------------------------
