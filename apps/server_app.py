@@ -23,6 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
 from hydra.utils import get_class
 
+from apps.engine_watch import watching_the_engine
 from fl_app.allocator import limit_malloc_arenas
 from fl_app.central_evaluation import central_evaluate_fn
 from fl_app.checkpoint import load_checkpoint, resolve_resume
@@ -118,13 +119,14 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
     run_file.update(**strategy.dp_guarantee())
     evaluate_fn = central_evaluate_fn(config)
     try:
-        result = strategy.start(
-            grid,
-            ArrayRecord(initial),
-            num_rounds=config.num_rounds,
-            timeout=config.round_timeout,
-            evaluate_fn=evaluate_fn,
-        )
+        with watching_the_engine():  # a crashed simulation engine fails the run now (apps/engine_watch.py)
+            result = strategy.start(
+                grid,
+                ArrayRecord(initial),
+                num_rounds=config.num_rounds,
+                timeout=config.round_timeout,
+                evaluate_fn=evaluate_fn,
+            )
     except BaseException as exc:
         # The ε of everything released before the failure, not the start's.
         run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}", **strategy.dp_guarantee())

@@ -18,10 +18,11 @@ partition our strategies sampled under ``population=virtual``; the node's own ot
 cohort (the default ``simulation.cohort_size=auto`` in simulation: one cohort per worker) calls the client once per
 partition it names and answers each partition's model apart, which the server screens and clips one by one
 (clients/numpy_mod.py, fl_app/partition_models.py). This module's
-:data:`app` is that line with :func:`client_fn`, our client. It runs on Flower's simulation engine
-(tests/integration/test_numpy_client_flwr_run.py: DP-FedSAM through the ServerApp's ``run_federated``, and
-``ClientLevelDP(FedAdam)`` with a user's NumPyClient, under ``run_simulation``); under ``flwr run`` it is served by
-naming ``clients.numpy_client:app`` as the ``clientapp`` in ``[tool.flwr.app.components]``.
+:data:`app` is that line with :func:`client_fn`, our client; ``flwr run`` serves it when ``[tool.flwr.app.components]``
+names ``clients.numpy_client:app`` as the ``clientapp``. Under a strategy that sends no instructions of its own
+(``ClientLevelDP`` around Flower's ``FedAdam``), :func:`train_config` is the ``train_config`` that has our client train
+with SAM. tests/integration/test_numpy_client_flwr_run.py runs our client and a user's plain one under ``flwr run``,
+each under DP-FedSAM and under ``ClientLevelDP(FedAdam)``.
 
 **Our client as a NumPyClient.** :class:`InstructedNumPyClient.fit` reads the round's
 :class:`~fl_app.instructions.TrainInstructions` from its config and trains its partition as a cohort of one through
@@ -44,7 +45,7 @@ messages; ``ClientLevelDP`` forwards its inner strategy's evaluation and says th
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 
 import numpy as np
 import torch
@@ -55,7 +56,16 @@ from clients.cohort import train_cohort
 from clients.local_update import _model, client_data
 from clients.numpy_mod import numpy_client_mod, pack_mask, unpack_mask
 from fl_app.allocator import freeze_imported_objects, keep_freed_memory
-from fl_app.instructions import DataSpec, TrainInstructions, resolve_cohort_engine
+from fl_app.config import AppConfig
+from fl_app.core.choices import LocalOptimizer
+from fl_app.instructions import (
+    DataSpec,
+    RecipeSpec,
+    TrainInstructions,
+    local_training_config,
+    make_train_instructions,
+    resolve_cohort_engine,
+)
 from fl_app.models import build_model_for_dataset, evaluate, get_weights, resolve_device, set_weights
 from fl_app.threads import limit_library_threads
 
@@ -66,6 +76,7 @@ __all__ = [
     "client_fn",
     "numpy_client_mod",
     "pack_mask",
+    "train_config",
     "unpack_mask",
 ]
 
@@ -75,6 +86,29 @@ Config = dict[str, bool | bytes | float | int | str]
 EVALUATION_KEYS = ("model", "device", *(f"data.{f.name}" for f in fields(DataSpec)))
 #: Where the node's state keeps them from its last fit.
 KEPT_INSTRUCTIONS = "numpy_client.evaluation"
+#: The round number Flower's strategies add to every train config (``FedAvg.configure_train``).
+FLOWER_ROUND_KEY = "server-round"
+
+
+def train_config(config: AppConfig, optimizer: LocalOptimizer = "sam") -> ConfigRecord:
+    """The ``train_config`` that has :class:`InstructedNumPyClient` train under a strategy that sends no instructions
+    of its own (Flower's ``FedAvg`` family, ``ClientLevelDP`` around it): ``config``'s data, model and local
+    procedure with ``optimizer`` (SAM by default), and no client-side clipping or noise: the wrapper's server-side
+    mechanism clips and noises each update. ``fit`` takes the round from Flower's ``server-round`` key, so that the
+    learning-rate decay and the mini-batch shuffles move on every round as under our strategies. Pass it as
+    ``strategy.start(..., train_config=train_config(config))``."""
+    training = local_training_config(config, optimizer)
+    instructions = make_train_instructions(
+        config,
+        1,
+        recipe=RecipeSpec(),
+        training=training,
+        clip_norm=0.0,
+        add_noise=False,
+        noise_multiplier=0.0,
+        expected_clients=1.0,
+    )
+    return instructions.to_config_record()
 
 
 class ClientRejectedError(RuntimeError):
@@ -115,6 +149,8 @@ class InstructedNumPyClient(NumPyClient):
         ``train_accuracy``, ``num_steps``)."""
         _process_setup()
         ins = TrainInstructions.from_config(config)
+        if FLOWER_ROUND_KEY in config:  # a Flower strategy's round, with the instructions of train_config()
+            ins = replace(ins, server_round=int(config[FLOWER_ROUND_KEY]))
         if self.state is not None:  # what a later evaluate of this node evaluates, if its config does not say
             self.state[KEPT_INSTRUCTIONS] = ConfigRecord({k: config[k] for k in EVALUATION_KEYS if k in config})
         shared_mask = unpack_mask(config["mask"]) if "mask" in config else None  # type: ignore[arg-type]

@@ -33,6 +33,7 @@ from clients.cohort import CohortResult
 from clients.local_update import client_data
 from clients.numpy_client import ClientRejectedError, InstructedNumPyClient, numpy_client_mod, unpack_mask
 from clients.numpy_mod import keyed
+from fl_app.config import compose_config
 from fl_app.instructions import CohortReply, FlowerReply
 from fl_app.models import build_model_for_dataset, evaluate, get_weights, set_weights
 from strategies.base import FederatedStrategy
@@ -280,6 +281,32 @@ def test_fit_returns_global_plus_the_cohort_paths_update_and_raises_for_a_reject
     monkeypatch.setattr(numpy_client, "train_cohort", rejected)
     with pytest.raises(ClientRejectedError, match="partition 4: nonfinite"):
         client.fit(initial, _fit_config(strategy))
+
+
+def test_train_config_has_our_client_train_with_sam_and_no_client_mechanism_in_flowers_rounds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under a Flower strategy (no instructions of its own): the config's data, model and local SAM, no client
+    clipping or noise, and the round of Flower's ``server-round`` key (lr decay and shuffles move on)."""
+    seen: list[Any] = []
+
+    def fake(parameters, ins, partition_ids, faults, engine, shared_mask):
+        seen.append(ins)
+        return CohortResult(total=[np.zeros_like(p, np.float64) for p in parameters], accepted=list(partition_ids),
+                            metrics={}, num_examples=3)  # fmt: skip
+
+    monkeypatch.setattr(numpy_client, "train_cohort", fake)
+    config = compose_config(list(SMALL))
+    record = numpy_client.train_config(config)
+    for server_round in (1, 3):
+        InstructedNumPyClient(2).fit(_initial(), {**record, "server-round": server_round})
+    assert [ins.server_round for ins in seen] == [1, 3]
+    ins = seen[-1]
+    assert ins.training is not None and ins.training.optimizer == "sam" and ins.training.rho == config.client.rho
+    assert ins.training.lr == config.client.lr and ins.recipe.kind == "dense"
+    assert ins.clip_norm == 0.0 and not ins.add_noise  # the wrapper's server-side mechanism clips and noises
+    assert ins.data.num_clients == 10 and ins.data.max_train_samples == 200 and ins.model == "cnn"
+    assert numpy_client.train_config(config, "sgd")["training.optimizer"] == "sgd"
 
 
 def _evaluated_directly(weights: list[np.ndarray], strategy: FederatedStrategy, pid: int) -> tuple[float, float, int]:

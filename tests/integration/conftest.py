@@ -98,7 +98,9 @@ def kill_after_a_round_then_resume(tmp: Path, overrides: list[str], rounds: int)
     return out, checkpointed
 
 
-def flwr_run_simulation(tmp: Path, run_config: str, num_supernodes: int = 2) -> subprocess.CompletedProcess[str]:
+def flwr_run_simulation(
+    tmp: Path, run_config: str, num_supernodes: int = 2, resources: str = "client-resources-num-cpus=1"
+) -> subprocess.CompletedProcess[str]:
     """``flwr run . --run-config <run_config>`` against a real ``--simulation`` SuperLink started in ``tmp``."""
     with simulation_superlink(tmp) as (connection, env):
         return subprocess.run(
@@ -108,7 +110,7 @@ def flwr_run_simulation(tmp: Path, run_config: str, num_supernodes: int = 2) -> 
                 ".",
                 connection,
                 "--federation-config",
-                f"num-supernodes={num_supernodes} client-resources-num-cpus=1",
+                f"num-supernodes={num_supernodes} {resources}",
                 "--run-config",
                 run_config,
                 "--stream",

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from bench.processes import ROOT, kill_processes_mentioning, run_env
-from tests.integration.conftest import run_hydra
+from tests.integration.conftest import flwr_run_simulation, run_hydra
 
 pytestmark = [
     pytest.mark.integration,
@@ -62,4 +62,23 @@ def test_when_the_engine_dies_the_run_fails_in_seconds_with_its_error(short_tmp:
     assert meta["status"] == "failed"
     assert "EngineStoppedError" in meta["error"] and "ActorPool is empty" in meta["error"]
     assert meta["rounds_released"] == 0 and meta["epsilon"] == 0  # nothing left the server
+    assert not (out / "final_model.npz").exists()
+
+
+def test_under_flwr_run_the_engines_death_fails_the_run_in_seconds(short_tmp: Path) -> None:
+    """The same engine death under ``flwr run`` (the federation asks a GPU per client): Flower's process exits five
+    seconds after its engine, so the ServerApp must notice the crash itself (apps/engine_watch.py)."""
+    out = short_tmp / "out"
+    overrides = " ".join(TINY[:3])
+    start = time.monotonic()
+    result = flwr_run_simulation(
+        short_tmp,
+        f"num_rounds=2 round_timeout=3600 output_dir='{out}' overrides='{overrides}'",
+        resources="client-resources-num-cpus=1 client-resources-num-gpus=1",
+    )
+    assert time.monotonic() - start < 150, result.stdout[-3000:]  # not round_timeout (3,600 s) per round
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "failed", meta
+    assert "EngineStoppedError" in meta["error"] and "ActorPool is empty" in meta["error"]
+    assert meta["rounds_released"] == 0 and meta["epsilon"] == 0
     assert not (out / "final_model.npz").exists()
