@@ -31,6 +31,8 @@ from apps.local_ray import start_local_ray, use_ray_env, worker_runtime_env
 from fl_app.allocator import limit_malloc_arenas
 from fl_app.checkpoint import resolve_resume
 from fl_app.config import AppConfig, ConfigError, load_app_config
+from fl_app.config.known_keys import check_override_keys
+from fl_app.config.overrides import CONF_DIR
 from fl_app.data.datasets import DatasetUnavailableError, check_dataset
 
 
@@ -258,5 +260,18 @@ def main(cfg: DictConfig) -> float:
     return float(accs[-1]) if accs else math.nan
 
 
+def check_command_line(args: list[str]) -> None:
+    """Refuse a misspelt setting on the command line before Hydra composes (exit 2, the key and its likely fix),
+    as the validator refuses a bad value; Hydra's own flags (other than --multirun) leave the check to Hydra."""
+    if any(arg.startswith("-") and arg not in ("-m", "--multirun") for arg in args):
+        return
+    try:
+        check_override_keys(args, CONF_DIR)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
 if __name__ == "__main__":
+    check_command_line(sys.argv[1:])
     main()

@@ -228,6 +228,36 @@ def test_unknown_key_is_rejected(override, key, known):
         assert "unknown config key" in message and known in message
 
 
+@pytest.mark.parametrize(
+    ("override", "fix"),
+    [("privacy.clip_nrom=1", "did you mean privacy.clip_norm"), ("num_round=3", "did you mean num_rounds"),
+     ("client.learning_rate=0.1", "unknown setting client.learning_rate"),
+     ("strategy=dp_fedsmm", "the options are dp_fedavg"), ("server_optimizer=adma", "adam")],
+)  # fmt: skip
+def test_a_misspelt_key_or_choice_is_named_with_its_fix_instead_of_hydras_plus_advice(override, fix):
+    with pytest.raises(ConfigError) as info:
+        compose_config([override])
+    assert fix in str(info.value) and "+" not in str(info.value)
+
+
+def test_every_key_of_every_composed_config_is_known():
+    """No false alarm: each key the default config, each strategy and each experiment compose is known."""
+    from fl_app.config.known_keys import check_override_keys, known_keys
+    from fl_app.config.overrides import CONF_DIR
+
+    def dotted(tree, prefix=""):
+        for key, value in tree.items():
+            yield f"{prefix}{key}"
+            if isinstance(value, dict):
+                yield from dotted(value, f"{prefix}{key}.")
+
+    composed = [raw_composed([f"strategy={name}"]) for name in STRATEGIES]
+    composed += [raw_composed([f"+experiment={path.stem}"]) for path in sorted((CONF_DIR / "experiment").glob("*"))]
+    keys = {key for raw in composed for key in dotted(raw)}
+    assert keys - known_keys(CONF_DIR) == set()
+    check_override_keys([f"{key}=1" for key in sorted(keys) if not (CONF_DIR / key).is_dir()], CONF_DIR)
+
+
 def test_missing_group_is_rejected():
     raw = raw_composed()
     del raw["privacy"]

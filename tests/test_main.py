@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from apps.main import backend_config, check_ray_address, concurrent_workers, simulation_nodes
+from apps.main import backend_config, check_command_line, check_ray_address, concurrent_workers, simulation_nodes
 from bench.processes import free_port
 from fl_app.config import compose_config
 
@@ -116,3 +116,12 @@ def test_resources_this_machine_cannot_host_are_refused_before_ray(monkeypatch: 
     check_resources(compose_config(["simulation.ray_address=auto", "simulation.client_gpus=0.5"]))
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     check_resources(compose_config(["simulation.client_gpus=0.5"]))
+
+
+def test_a_misspelt_setting_on_the_command_line_exits_2_before_hydra_composes(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        check_command_line(["--multirun", "strategy=dp_fedavg", "privacy.clip_nrom=1,2"])
+    assert info.value.code == 2
+    assert "privacy.clip_nrom" in capsys.readouterr().err
+    check_command_line(["strategy=dp_fedavg", "privacy.clip_norm=1,2", "hydra.run.dir=x", "+experiment=table1"])
+    check_command_line(["--cfg", "job", "privacy.clip_nrom=1"])  # Hydra's own flags: Hydra judges

@@ -13,6 +13,7 @@ from typing import Any
 
 from fl_app.config.app import AppConfig, load_app_config
 from fl_app.config.audit import AuditConfig
+from fl_app.config.known_keys import check_override_keys
 from fl_app.config.privacy import PrivacyConfig
 from fl_app.config.readers import ConfigError, _fail
 from fl_app.config.server_optimizer import ServerOptimizerConfig
@@ -143,6 +144,8 @@ def compose_config(overrides: Iterable[str] = ()) -> AppConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    overrides = list(overrides)
+    check_override_keys(overrides, CONF_DIR)  # a misspelt key named with its fix, not Hydra's "+key" advice
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))

@@ -3,8 +3,9 @@
 On the same deployment, DP-FTRL's participation rule is enforced against SuperNodes that ask to train
 every round.
 
-Two `flwr run`s with the same config and seed against the same SuperLink: each SuperNode's log says in which rounds
-it received a train message ("[RUN r, ROUND t]" then "Receiving: train message"), which is the sampling that ran.
+Two `flwr run`s with the same config and seed against the same SuperLink, started together with the DP-FTRL run (a
+SuperNode serves several runs; each message's run id is in its log): each SuperNode's log says in which rounds it
+received a train message ("[RUN r, ROUND t]" then "Receiving: train message"), which is the sampling that ran.
 With secure randomness (the default against a real SuperLink) the two runs sample differently (equal with
 probability 2^-(nodes·rounds)); the accountant accounts Poisson sampling at rate q for every round; and with
 ``client_statistics`` at its default (none in deployment) neither metrics.jsonl, run.json nor the logs carry a
@@ -17,16 +18,18 @@ import json
 import re
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from bench.processes import stop_process_group
 from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, read_metrics
 from fl_app.privacy.accounting import compute_epsilon
 from fl_app.privacy.mechanisms.participation import ParticipationRecord, ParticipationRule
 from strategies.statistics import CLIENT_DERIVED
-from tests.integration.deploy import Deployment, deployment, flwr_run
+from tests.integration.deploy import Deployment, deployment, start_flwr_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -58,31 +61,68 @@ def _participation(log: str) -> tuple[list[str], dict[str, set[int]]]:
     return order, rounds
 
 
+@dataclass
+class Finished:
+    """A ``flwr run`` of this module's deployment, finished: its output dir, exit code, what it printed and run id."""
+
+    out: Path
+    returncode: int
+    printed: str
+    run_id: str
+
+
+#: The module's runs: two with the same config and seed (secret sampling), and DP-FTRL's (participation rule).
+RUNS = ("run_a", "run_b", "ftrl")
+
+
+def _ftrl_config(out: Path) -> str:
+    hydra = (
+        f"strategy=dp_ftrl_fedavg dataset.num_clients={NODES} dataset.max_train_samples=200 "
+        f"dataset.max_test_samples=200 privacy.sampling=available privacy.sample_rate=0.5 "
+        f"privacy.min_separation=2 privacy.noise_multiplier=1.0 round_timeout=120"
+    )
+    return f"num_rounds=4 eval_every=4 population='nodes' output_dir='{out}' overrides='{hydra}'"
+
+
 @pytest.fixture(scope="module")
-def deployed() -> Iterator[tuple[Deployment, Path]]:
-    """One SuperLink with NODES SuperNodes for this file's runs (each `flwr run` is its own run id)."""
+def deployed() -> Iterator[tuple[Deployment, dict[str, Finished]]]:
+    """One SuperLink with NODES SuperNodes and the module's three runs on it, started together (each `flwr run` is
+    a run of its own; a SuperNode logs each message's run id beside it, so the logs stay apart)."""
     with tempfile.TemporaryDirectory(prefix="dpfs", dir="/tmp") as d, deployment(Path(d), NODES, tls=False) as dep:
-        yield dep, Path(d)
+        tmp = Path(d)
+        configs = {"run_a": _run_config(tmp / "run_a"), "run_b": _run_config(tmp / "run_b"),
+                   "ftrl": _ftrl_config(tmp / "ftrl")}  # fmt: skip
+        started = {name: start_flwr_run(dep.env, dep.connection, configs[name], tmp / f"{name}.log") for name in RUNS}
+        finished = {}
+        try:
+            for name, proc in started.items():
+                returncode = proc.wait(timeout=500)
+                printed = (tmp / f"{name}.log").read_text(errors="replace")
+                found = re.search(r"Successfully started run (\d+)", printed)
+                finished[name] = Finished(tmp / name, returncode, printed, found.group(1) if found else "")
+        finally:
+            for proc in started.values():
+                stop_process_group(proc)
+        yield dep, finished
 
 
 def _logs(dep: Deployment) -> dict[str, str]:
     return {name: path.read_text(errors="replace") for name, path in dep.logs.items()}
 
 
-def test_sampling_is_secret_and_nothing_per_client_is_published(deployed: tuple[Deployment, Path]) -> None:
-    dep, tmp = deployed
-    outs = [tmp / "run_a", tmp / "run_b"]
-    procs = [flwr_run(dep.env, dep.connection, _run_config(out), timeout=400) for out in outs]
+def test_sampling_is_secret_and_nothing_per_client_is_published(
+    deployed: tuple[Deployment, dict[str, Finished]],
+) -> None:
+    dep, finished = deployed
+    runs = [finished["run_a"], finished["run_b"]]
     logs = _logs(dep)
-    for proc in procs:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + dep.tails()
+    for run in runs:
+        assert run.returncode == 0 and run.run_id, run.printed[-3000:] + dep.tails()
+    outs = [run.out for run in runs]
 
     # Which rounds each node trained in, per run: the sampling that actually ran.
-    parsed = [_participation(logs[f"supernode{i}"]) for i in range(NODES)]
-    run_ids = parsed[0][0][-2:]  # in the order the runs were started (run_a, then run_b)
-    per_node = [rounds for _, rounds in parsed]
-    assert all(order[-2:] == run_ids for order, _ in parsed), parsed
-    matrices = [[sorted(node.get(run, set())) for node in per_node] for run in run_ids]
+    per_node = [_participation(logs[f"supernode{i}"])[1] for i in range(NODES)]
+    matrices = [[sorted(node.get(run.run_id, set())) for node in per_node] for run in runs]
     assert matrices[0] != matrices[1], matrices  # the same config and seed, different samples
 
     for out, matrix in zip(outs, matrices, strict=True):
@@ -100,31 +140,26 @@ def test_sampling_is_secret_and_nothing_per_client_is_published(deployed: tuple[
         assert meta["sampling_event"] == "poisson" and meta["rounds_accounted"] == ROUNDS
         assert meta["client_statistics"].startswith("none")
         assert not set(CLIENT_DERIVED) & set(meta) and "client_norms" not in json.dumps(meta)
-    for proc in procs:
+    for run in runs:
         # The progress line has no client-derived value and no count of clients.
-        assert "train acc - |" in proc.stdout + proc.stderr
-        assert not re.search(r"clients \d+/\d+", proc.stdout + proc.stderr)
-    for text in [*(p.stdout + p.stderr for p in procs), *logs.values()]:
+        assert "train acc - |" in run.printed
+        assert not re.search(r"clients \d+/\d+", run.printed)
+    for text in [*(run.printed for run in runs), *logs.values()]:
         assert "pre_clip_norm" not in text and "client_norms" not in text
 
 
-def test_dp_ftrl_refuses_supernodes_that_ask_to_train_too_often(deployed: tuple[Deployment, Path]) -> None:
+def test_dp_ftrl_refuses_supernodes_that_ask_to_train_too_often(
+    deployed: tuple[Deployment, dict[str, Finished]],
+) -> None:
     """Every SuperNode is connected, so asks to train, in every round; the rule (b = 2, k = 2 in 4 rounds, at most
     m = 2 a round) lets each train in every other round only. The node logs, the checkpointed record, the published
     refusal counts and the epsilon of the factorization (no amplification) agree."""
-    dep, tmp = deployed
-    out = tmp / "ftrl"
-    hydra = (
-        f"strategy=dp_ftrl_fedavg dataset.num_clients={NODES} dataset.max_train_samples=200 "
-        f"dataset.max_test_samples=200 privacy.sampling=available privacy.sample_rate=0.5 "
-        f"privacy.min_separation=2 privacy.noise_multiplier=1.0 round_timeout=120"
-    )
-    config = f"num_rounds=4 eval_every=4 population='nodes' output_dir='{out}' overrides='{hydra}'"
-    proc = flwr_run(dep.env, dep.connection, config, timeout=400)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:] + dep.tails()
+    dep, finished = deployed
+    run = finished["ftrl"]
+    out = run.out
+    assert run.returncode == 0 and run.run_id, run.printed[-3000:] + dep.tails()
     parsed = [_participation(text) for name, text in sorted(_logs(dep).items()) if name.startswith("supernode")]
-    run_id = parsed[0][0][-1]
-    trained = [sorted(rounds.get(run_id, set())) for _, rounds in parsed]
+    trained = [sorted(rounds.get(run.run_id, set())) for _, rounds in parsed]
     record = ParticipationRecord(ParticipationRule(2, 2))
     for server_round in range(1, 5):
         clients = [node for node, rounds in enumerate(trained) if server_round in rounds]

@@ -1,8 +1,7 @@
 """The first screen of a front door: what ``flwr run`` against a ``--simulation`` SuperLink prints (its ServerApp,
 Flower's engine and the ClientApps on Ray's workers, streamed back), checked line by line by
-:func:`first_screen_problems` (also applied to the Hydra front door and a longer ``flwr run`` in
-test_simulation.py); and the device a ClientApp picks in a Ray worker now that Ray no longer hides the GPUs from a
-worker it gave none (apps/local_ray.py)."""
+:func:`first_screen_problems` (also applied to the README's ``flwr run`` command in test_readme_commands.py, the
+Hydra front door and a longer ``flwr run`` in test_simulation.py)."""
 
 from __future__ import annotations
 
@@ -79,6 +78,9 @@ def test_the_checker_finds_each_problem_and_nothing_else() -> None:
     assert first_screen_problems("INFO :      configure_train: Sampled 10 nodes (out of 10)")[0].startswith("inner")
 
 
+# Slow: in the default suite the README's own `flwr run` command is held to the same checks
+# (tests/integration/test_readme_commands.py::run_flwr_command), one run fewer.
+@pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_flwr_run_prints_a_clean_first_screen(short_tmp: Path) -> None:

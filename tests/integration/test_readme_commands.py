@@ -52,6 +52,7 @@ import pytest
 from bench.processes import BIN, ROOT, free_port, kill_processes_mentioning, run_env
 from fl_app.config import compose_config, overrides_from_run_config
 from tests.integration.doc_commands import Command, inline_commands, is_setup, python_blocks, shell_commands
+from tests.integration.test_first_screen import first_screen_problems
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -213,12 +214,15 @@ def listening(port: int) -> bool:
 
 
 def run_flwr_command(cmd: Command, tmp: Path, env: dict[str, str]) -> None:
-    """``flwr run .`` with the default connection: a local SuperLink started on the moved port, the run streamed;
-    then the SuperLink stopped as docs/running.md says (its port moved the same way)."""
+    """``flwr run .`` with the default connection: a local SuperLink started on the moved port, the run streamed,
+    and what it printed a clean first screen (tests/integration/test_first_screen.py); then the SuperLink stopped as
+    docs/running.md says (its port moved the same way)."""
     proc = run_in_shell(cmd, sized_flwr_run(cmd.text, tmp), env, timeout=400)
     log = log_of(proc) + f"\n--- superlink log\n{read_tail(tmp / 'flwr_home' / 'local-superlink' / 'superlink.log')}"
     assert proc.returncode == 0, log
     assert_completed([tmp / "out"], 1, log)
+    assert f"[round 1/{ROUNDS.split('=')[1]}]" in proc.stdout + proc.stderr, log  # the screen is the run's
+    assert first_screen_problems(proc.stdout + proc.stderr) == [], proc.stdout + proc.stderr
     port = int(env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"])
     assert listening(port), "flwr run left no SuperLink running (docs/running.md says it does)\n" + log
     stop = stop_superlink_command()
