@@ -46,6 +46,17 @@ class ServerOptimizer:
         self._first: list[np.ndarray] = []  # b (momentum) or m (adam, yogi)
         self._second: list[np.ndarray] = []  # v (adagrad, adam, yogi)
 
+    def describe(self) -> str:
+        """The optimizer and the settings its step uses, for the run's banner."""
+        parts = [f"{self.name} lr={self.lr:g}"]
+        if self.name in ("momentum", "adam", "yogi"):
+            parts.append(f"beta1={self.momentum:g}")
+        if self.name in ("adam", "yogi"):
+            parts.append(f"beta2={self.beta2:g}")
+        if self.name in ("adagrad", "adam", "yogi"):
+            parts.append(f"tau={self.eps:g}")
+        return " ".join(parts)
+
     def step(self, weights: Sequence[np.ndarray], average: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The new weights after one step along ``average`` (Δ_t); each tensor keeps its dtype."""
         self.steps += 1

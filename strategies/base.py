@@ -253,6 +253,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         if self.private:  # a pipeline that makes no privacy event is refused before anything is released
             self.release_events(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
         self.summary()
+        log(INFO, "\tserver optimizer: %s", self.server_optimizer.describe())
         self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
         if self.config.audit.enabled:
             resumed = {} if self.resume_from is None else self.resume_from.strategy_state

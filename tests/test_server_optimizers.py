@@ -143,3 +143,10 @@ def test_a_server_optimizer_is_post_processing_and_resumes_exactly(tmp_path):
     _, resumed_weights = _run(tmp_path / "resumed", ["server_optimizer=adam"], rounds=4, resume=checkpoint)
     for a, b in zip(resumed_weights, adam_weights, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_describe_names_the_settings_each_step_uses():
+    assert ServerOptimizer("sgd").describe() == "sgd lr=1"
+    assert ServerOptimizer("momentum", lr=1.0, momentum=0.9).describe() == "momentum lr=1 beta1=0.9"
+    assert ServerOptimizer("adagrad", lr=0.1).describe() == "adagrad lr=0.1 tau=0.001"
+    assert ServerOptimizer("adam", lr=0.01).describe() == "adam lr=0.01 beta1=0.9 beta2=0.99 tau=0.001"
