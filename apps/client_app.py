@@ -9,24 +9,19 @@ clients/numpy_client.py: the same :func:`~clients.cohort.train_cohort` with a co
 convention, each partition of a cohort message answered apart: clients/numpy_mod.py.)
 
 Importing it sets Ray's environment (:func:`apps.local_ray.use_ray_env`): under ``flwr run`` Flower's simulation
-process loads this app before it starts Ray, whose raylet and workers then inherit it.
+process loads this app before it starts Ray, whose raylet and workers then inherit it. Importing it does not load
+torch: the first train message does (a deployed SuperNode answers each message, a query too, in a new process).
 """
 
 from __future__ import annotations
 
 import time
 
-import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from apps.local_ray import use_ray_env
-from clients.cohort import train_cohort
-from fl_app.allocator import freeze_imported_objects, keep_freed_memory
-from fl_app.instructions import CohortReply, TrainInstructions, resolve_cohort_engine
-from fl_app.models import resolve_device
 from fl_app.node_queries import answer_query
-from fl_app.threads import limit_library_threads
 
 use_ray_env()
 
@@ -37,6 +32,16 @@ app = ClientApp()
 def train(msg: Message, context: Context) -> Message:
     """Train the partitions the message names (a cohort, or a cohort of one) and answer with their sum, each
     client's statistics and fate (:class:`fl_app.instructions.CohortReply`)."""
+    # The training stack (torch, ~3 s to import on 2 cores) is loaded by the first train message, not with the app: a
+    # SuperNode starts a ClientApp process for every message, and a query needs none of it.
+    import torch
+
+    from clients.cohort import train_cohort
+    from fl_app.allocator import freeze_imported_objects, keep_freed_memory
+    from fl_app.instructions import CohortReply, TrainInstructions, resolve_cohort_engine
+    from fl_app.models import resolve_device
+    from fl_app.threads import limit_library_threads
+
     fit_started = time.time()
     # torch's threads are the CPUs Ray gave this worker; NumPy's BLAS must not spin on the other cores.
     limit_library_threads(torch.get_num_threads())
