@@ -45,6 +45,9 @@ def test_the_round_floor_trains_the_app_s_cohorts_at_their_clients_batch_sizes()
             assert [sum(sizes) for sizes in cohort] == [2 * len(partition_indices(config, pid)) for pid in want]
 
 
+# Slow: the benchmark harness's floors on Flower's Ray engine (~80 s of the 2-core machine, beside the integration
+# runs); `python -m bench` runs them, and the product's own Ray runs are the integration tests.
+@pytest.mark.slow
 def test_the_round_floor_runs_its_rounds_on_flower_s_engine(tmp_path: Path) -> None:
     """bench/flower_floor.py --rounds through Flower's real simulation engine: every planned round completes."""
     floor = flower_round_floor(TINY, tmp_path, 4)
@@ -60,6 +63,9 @@ def test_the_compute_limit_times_the_step_at_every_batch_size_asked() -> None:
     assert limit["samples_per_s_machine"] == pytest.approx(2 * limit["samples_per_s_one_thread"])
 
 
+# Slow: the benchmark harness's floors on Flower's Ray engine (~80 s of the 2-core machine, beside the integration
+# runs); `python -m bench` runs them, and the product's own Ray runs are the integration tests.
+@pytest.mark.slow
 def test_the_flower_engine_floor_reaches_a_first_step(tmp_path: Path) -> None:
     """bench/flower_floor.py through Flower's real simulation engine: the P2 config's backend and node count, a
     ClientApp that only imports torch, Ray started the app's way and Flower's; the first step is timed from the
