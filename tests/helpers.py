@@ -328,3 +328,19 @@ TINY_PEER_RUN = [
     "privacy.sample_rate=0.1",
     "client.local_epochs=2",
 ]
+
+
+# ----- a small noiseless population for the server's reply screening tests ------------------------------------------
+
+#: Two tensors: the model the screening tests' replies train.
+SCREENING_SHAPES: list[tuple[int, ...]] = [(3, 4), (5,)]
+#: M = 20 clients, q = 0.5: the fixed denominator m = qM = 10; C = 0.2 (conf/privacy/default.yaml); no noise.
+SCREENING_POPULATION = (
+    "strategy=dp_fedavg",
+    "dataset.num_clients=20",
+    "privacy.sample_rate=0.5",
+    "privacy.noise_multiplier=0",
+    "privacy.placement=server",
+    "population=virtual",
+)
+SCREENING_C, SCREENING_M = 0.2, 10.0

@@ -34,19 +34,19 @@ from strategies.base import FederatedStrategy
 from strategies.population import PopulationError
 from strategies.rounds import RoundOutcome, RoundPlan
 from strategies.screening import screen
-from tests.helpers import InProcessGrid, build, prime, reply, with_norm
-
-SHAPES: list[tuple[int, ...]] = [(3, 4), (5,)]
-# M = 20 clients, q = 0.5: m = 10; C = 0.2; no noise (as tests/strategies/test_hostile_replies.py).
-POP = (
-    "strategy=dp_fedavg",
-    "dataset.num_clients=20",
-    "privacy.sample_rate=0.5",
-    "privacy.noise_multiplier=0",
-    "privacy.placement=server",
-    "population=virtual",
+from tests.helpers import (
+    SCREENING_C,
+    SCREENING_M,
+    SCREENING_POPULATION,
+    SCREENING_SHAPES,
+    InProcessGrid,
+    build,
+    prime,
+    reply,
+    with_norm,
 )
-C, M = 0.2, 10.0
+
+SHAPES, POP, C, M = SCREENING_SHAPES, SCREENING_POPULATION, SCREENING_C, SCREENING_M
 COUNTERS = ("aggregated", "rejected_malformed", "rejected_nonfinite", "rejected_shape", "failed")
 
 

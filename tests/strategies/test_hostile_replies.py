@@ -34,25 +34,32 @@ from fl_app.instructions import CLIENT_TIMESTAMPS, COHORT_CLIENT_METRICS
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
 from strategies.rounds import RoundOutcome, RoundPlan
-from tests.helpers import FakeGrid, build, flat, partition_of, push, reply, train_message, with_norm, zeros
+from tests.helpers import (
+    SCREENING_C,
+    SCREENING_M,
+    SCREENING_POPULATION,
+    SCREENING_SHAPES,
+    FakeGrid,
+    build,
+    flat,
+    partition_of,
+    push,
+    reply,
+    train_message,
+    with_norm,
+    zeros,
+)
 
-SHAPES: list[tuple[int, ...]] = [(3, 4), (5,)]
+SHAPES = SCREENING_SHAPES
 GLOBAL = zeros(SHAPES)
 NUM_CLIENTS = 20
-# M = 20 clients, q = 0.5: the fixed denominator m = qM = 10; C = 0.2 (conf/privacy/default.yaml); no noise.
 POP = (
-    "strategy=dp_fedavg",
-    f"dataset.num_clients={NUM_CLIENTS}",
-    "privacy.sample_rate=0.5",
-    "privacy.noise_multiplier=0",
-    "privacy.placement=server",
-    "population=virtual",
+    *SCREENING_POPULATION,
     # One strategy answers many unrelated rounds (hypothesis examples); a run's policy on consecutive empty rounds
     # (fl_app/empty_rounds.py, tested on its own) has no meaning across them.
     "max_empty_rounds=0",
 )
-C = 0.2
-M = 10.0
+C, M = SCREENING_C, SCREENING_M
 COUNTERS = ("aggregated", "rejected_malformed", "rejected_nonfinite", "rejected_shape", "failed")
 #: A float64 sum of squares overflows beyond this global norm.
 NORM_OVERFLOW = math.sqrt(sys.float_info.max)

@@ -22,19 +22,9 @@ from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
 from strategies.rounds import RoundOutcome, RoundPlan
 from strategies.screening import screen_each
-from tests.helpers import build, prime, with_norm
+from tests.helpers import SCREENING_C, SCREENING_M, SCREENING_POPULATION, SCREENING_SHAPES, build, prime, with_norm
 
-SHAPES: list[tuple[int, ...]] = [(3, 4), (5,)]
-# M = 20 clients, q = 0.5: m = 10; C = 0.2; no noise (as tests/strategies/test_flower_convention_replies.py).
-POP = (
-    "strategy=dp_fedavg",
-    "dataset.num_clients=20",
-    "privacy.sample_rate=0.5",
-    "privacy.noise_multiplier=0",
-    "privacy.placement=server",
-    "population=virtual",
-)
-C, M = 0.2, 10.0
+SHAPES, POP, C, M = SCREENING_SHAPES, SCREENING_POPULATION, SCREENING_C, SCREENING_M
 COHORT = [2, 5, 7]
 COUNTERS = ("sampled", "received", "aggregated", "failed", "rejected_malformed", "rejected_shape", "reclipped")
 
