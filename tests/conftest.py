@@ -3,9 +3,10 @@
 ``scripts/test.sh`` runs pytest with two pytest-xdist workers. Every ``integration`` test (a real Flower simulation
 or deployment: Ray, SuperLink and SuperNode processes, round timeouts) lives in tests/integration/, and the scheduler
 below hands them out as two units, each run by one worker, in file order, as without xdist (module fixtures stay
-shared): the simulations go first, to one worker; the other runs the in-process tests one by one, then the real
-deployments (SuperLink + SuperNodes), which start last so that they never run beside the in-process tests and
-beside a simulation at once. A plain ``pytest`` run (no ``-n``) is unaffected.
+shared): the simulations go first, to one worker; the other runs the in-process tests one by one, then the late unit
+(the real deployments, SuperLink + SuperNodes, and two simulations moved there so that both workers finish together),
+which starts last so that it never runs beside the in-process tests and beside a simulation at once. A plain
+``pytest`` run (no ``-n``) is unaffected.
 
 The grouping is a scheduler rather than ``xdist_group`` marks: ``--dist loadgroup`` carries the group in a rewritten
 node id, which pytest 9.2 no longer honours (pytest-dev/pytest-xdist#1386), so the marks are silently ignored.
@@ -19,9 +20,16 @@ from typing import Any
 import pytest
 
 INTEGRATION_DIR = "tests/integration/"
-#: The real deployments: one unit, handed out after every other unit.
-DEPLOYMENTS = ("tests/integration/test_deployment.py", "tests/integration/test_deployment_privacy.py")
-DEPLOYMENT_UNIT = "tests/integration/deployments"
+#: One unit, handed out after every other unit: the real deployments, and the Ray-cluster and own-ServerApp
+#: simulations, which balance the two workers (on 2026-11-28 the simulations' unit took 21 min 19 s against 19 min 6 s
+#: for the in-process tests and the deployments; these two took 75 s of the first).
+LATE_UNIT_FILES = (
+    "tests/integration/test_deployment.py",
+    "tests/integration/test_deployment_privacy.py",
+    "tests/integration/test_ray_cluster.py",
+    "tests/integration/test_user_server_app.py",
+)
+LATE_UNIT = "tests/integration/late"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -52,16 +60,16 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadScopeScheduling
 
     class IntegrationUnits(LoadScopeScheduling):
-        """One unit for the deployments, one for the other integration tests, one per test elsewhere."""
+        """The late unit, one unit for the other integration tests, one per test elsewhere."""
 
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid.split("::")[0] in DEPLOYMENTS:
-                return DEPLOYMENT_UNIT
+            if nodeid.split("::")[0] in LATE_UNIT_FILES:
+                return LATE_UNIT
             return INTEGRATION_DIR if nodeid.startswith(INTEGRATION_DIR) else nodeid
 
         def _assign_work_unit(self, node: Any) -> None:
-            if len(self.workqueue) > 1 and next(iter(self.workqueue)) == DEPLOYMENT_UNIT:
-                self.workqueue.move_to_end(DEPLOYMENT_UNIT)  # the deployments go last
+            if len(self.workqueue) > 1 and next(iter(self.workqueue)) == LATE_UNIT:
+                self.workqueue.move_to_end(LATE_UNIT)  # handed out last
             super()._assign_work_unit(node)
 
     return IntegrationUnits(config, log)
