@@ -144,9 +144,34 @@ def measure_ray_init(tmp: Path) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+#: Measures, in a fresh process, what ``flwr run .`` spends on this checkout before it sends anything: the CLI's
+#: imports, Flower's walk of the app directory (``flwr.cli.utils.collect_files`` lists every file under it, the
+#: virtualenv included, and the FAB's include/exclude rules filter the list afterwards) and the FAB's build.
+_FAB_CODE = """
+import json, os, time
+from pathlib import Path
+t = time.perf_counter(); import flwr.cli.app; imports = time.perf_counter() - t
+from flwr.cli.build import build_fab_from_files
+from flwr.cli.utils import collect_files
+root = Path('.').resolve()
+t = time.perf_counter(); files = collect_files(root); walk = time.perf_counter() - t
+t = time.perf_counter(); fab, _ = build_fab_from_files(files); build = time.perf_counter() - t
+venv = sum(1 for name in files if name.startswith('.venv/'))
+print(json.dumps({"cli_imports_s": imports, "collect_files_s": walk, "build_s": build, "files_walked": len(files),
+                  "files_walked_in_venv": venv, "fab_bytes": len(fab)}))
+"""
+
+
+def measure_fab_packaging() -> dict[str, float]:
+    """``flwr run .``'s packaging of this checkout, measured alone (:data:`_FAB_CODE`)."""
+    out = subprocess.run([sys.executable, "-c", _FAB_CODE], cwd=ROOT, capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 def p1_startup(overrides: list[str], tmp: Path) -> dict[str, Any]:
     """Command start → first local step, for both front doors."""
     result: dict[str, Any] = {"python_imports_s": measure_imports(), "ray_init_alone_s": measure_ray_init(tmp)}
+    result["flwr_run_packaging"] = measure_fab_packaging()
     hydra_out = tmp / "p1_hydra"
     env = run_env(tmp / "p1h")
     t0 = time.time()
@@ -865,6 +890,12 @@ def to_markdown(results: dict[str, Any]) -> str:
             f"| P1 parts measured alone (s) | imports {p1['python_imports_s']:.1f}, ray.init "
             f"{p1['ray_init_alone_s']:.1f}, SuperLink start {p1['superlink_start_s']:.1f} | | |"
         )
+        if pack := p1.get("flwr_run_packaging"):
+            lines.append(
+                f"| P1 `flwr run .` packaging alone (s) | CLI imports {pack['cli_imports_s']:.1f}, walk of "
+                f"{pack['files_walked']} files ({pack['files_walked_in_venv']} in .venv) "
+                f"{pack['collect_files_s']:.1f}, FAB build {pack['build_s']:.1f} | | |"
+            )
     if p2 := results.get("P2"):
         lines += _p2_rows(p2)
     if p3 := results.get("P3"):

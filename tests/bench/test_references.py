@@ -233,6 +233,14 @@ def test_report_renders_the_fair_comparison_the_gpu_case_and_failures() -> None:
             "python_imports_s": 7.0,
             "ray_init_alone_s": 4.0,
             "superlink_start_s": 2.0,
+            "flwr_run_packaging": {
+                "cli_imports_s": 1.9,
+                "collect_files_s": 5.5,
+                "build_s": 0.5,
+                "files_walked": 44010,
+                "files_walked_in_venv": 42631,
+                "fab_bytes": 2005840,
+            },
             "hydra": {
                 "total_s": 9.5,
                 "to_serverapp_start_s": 5.0,
@@ -259,6 +267,7 @@ def test_report_renders_the_fair_comparison_the_gpu_case_and_failures() -> None:
         "| P1 startup, hydra (s) | 9.5 = 5.0 to ServerApp + 4.0 to first fit + 0.5 worker setup | ≤ 10 | yes |" in table
     )
     assert "| P1 startup, flwr_run (s) | 12.0" in table and "| ≤ 10 | **no** |" in table
+    assert "walk of 44010 files (42631 in .venv) 5.5, FAB build 0.5" in table
 
 
 def test_gpu_case_fails_clearly_without_cuda(tmp_path: Path) -> None:
