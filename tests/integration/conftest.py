@@ -17,6 +17,7 @@ import pytest
 from bench.processes import ROOT, kill_processes_mentioning, run_env, simulation_superlink
 from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import read_metrics
+from tests.integration.app_dir import app_dir
 
 # A small Fashion-MNIST setting: 50 clients over the first 6000 training images (120 each), 2000 test images,
 # q = 0.2 (about 10 clients a round).
@@ -101,13 +102,14 @@ def kill_after_a_round_then_resume(tmp: Path, overrides: list[str], rounds: int)
 def flwr_run_simulation(
     tmp: Path, run_config: str, num_supernodes: int = 2, resources: str = "client-resources-num-cpus=1"
 ) -> subprocess.CompletedProcess[str]:
-    """``flwr run . --run-config <run_config>`` against a real ``--simulation`` SuperLink started in ``tmp``."""
+    """``flwr run <app> --run-config <run_config>`` (tests/integration/app_dir.py) against a real ``--simulation``
+    SuperLink started in ``tmp``."""
     with simulation_superlink(tmp) as (connection, env):
         return subprocess.run(
             [
                 "flwr",
                 "run",
-                ".",
+                str(app_dir()),
                 connection,
                 "--federation-config",
                 f"num-supernodes={num_supernodes} {resources}",

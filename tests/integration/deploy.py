@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.processes import BIN, ROOT, run_env, stop_process_group, wait_for_port
+from tests.integration.app_dir import app_dir
 
 CONNECTION = "deploy"
 MAKE_CERTS = ROOT / "scripts" / "make_certs.sh"
@@ -260,18 +261,19 @@ def deployment(
 
 
 def flwr_command(connection: str, run_config: str) -> list[str]:
-    return [str(BIN / "flwr"), "run", ".", connection, "--run-config", run_config, "--stream"]
+    """``flwr run`` of the checkout's app (tests/integration/app_dir.py) against ``connection``, streamed."""
+    return [str(BIN / "flwr"), "run", str(app_dir()), connection, "--run-config", run_config, "--stream"]
 
 
 def start_flwr_run(env: dict[str, str], connection: str, run_config: str, log: Path) -> subprocess.Popen[bytes]:
-    """`flwr run . <connection> --run-config ... --stream` in the background (its own session), output to ``log``."""
+    """`flwr run <app> <connection> --run-config ... --stream` in the background (own session), output to ``log``."""
     return _start(flwr_command(connection, run_config), env, log, ROOT)
 
 
 def flwr_run(
     env: dict[str, str], connection: str, run_config: str, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    """`flwr run . <connection> --run-config ... --stream` from the project root; waits for the run to finish."""
+    """`flwr run <app> <connection> --run-config ... --stream` from the project root; waits for the run to finish."""
     return subprocess.run(
         flwr_command(connection, run_config), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )

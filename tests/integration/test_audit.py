@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.processes import ROOT, run_env, simulation_superlink
+from bench.processes import ROOT, run_env
 from fl_app.metrics import read_metrics
-from tests.integration.conftest import SMALL, run_hydra
+from tests.integration.conftest import SMALL, flwr_run_simulation, run_hydra
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -58,11 +58,6 @@ def test_dp_fedavg_audit_through_hydra(short_tmp: Path) -> None:
 def test_dp_fedsam_audit_through_flwr_run(short_tmp: Path) -> None:
     out = short_tmp / "flwr_out"
     run_config = f"num_rounds={ROUNDS} audit='canaries' overrides='{' '.join([*AUDIT, *SMALL])}' output_dir='{out}'"
-    with simulation_superlink(short_tmp) as (connection, env):
-        proc = subprocess.run(
-            ["flwr", "run", ".", connection, "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
-             "--run-config", run_config, "--stream"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-        )  # fmt: skip
+    proc = flwr_run_simulation(short_tmp, run_config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _check(out)
