@@ -148,7 +148,7 @@ def measure_ray_init(tmp: Path) -> float:
 #: imports, Flower's walk of the app directory (``flwr.cli.utils.collect_files`` lists every file under it, the
 #: virtualenv included, and the FAB's include/exclude rules filter the list afterwards) and the FAB's build.
 _FAB_CODE = """
-import json, os, time
+import json, time
 from pathlib import Path
 t = time.perf_counter(); import flwr.cli.app; imports = time.perf_counter() - t
 from flwr.cli.build import build_fab_from_files
