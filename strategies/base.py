@@ -62,7 +62,6 @@ from fl_app.instructions import (
 )
 from fl_app.metrics import OPERATOR_FILE, MetricsWriter
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.ledger import PrivacyLedger
 from fl_app.privacy.pipeline import (
     Mechanism,
     mechanisms_for,
@@ -70,10 +69,11 @@ from fl_app.privacy.pipeline import (
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
+from strategies.client_dp import PrivacyBudget
 from strategies.clipping import ClipNorm, clip_norm_for
 from strategies.cohorts import balance_cohorts, cohort_count, local_work
 from strategies.guarantee import Guarantee
-from strategies.noise import update_noise_multiplier
+from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
 from strategies.observers import RoundObserver
 from strategies.placement import Placement, placement
 from strategies.population import Population
@@ -166,8 +166,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         #: The last key word of the run's seeded noise streams (``privacy.noise_stream=per_run``), None = the seed's
         #: shared noise: :meth:`noise_rng`, and the clients' noise through the instructions.
         self.noise_key: int | None = noise_stream_key(config)
-        #: What the run has released and spent (None for the non-private references): :meth:`make_ledger`.
-        self.ledger: PrivacyLedger | None = None
         #: What the run publishes about its clients (strategies/statistics.py); "auto" is resolved by
         #: resolve_settings() (raw in simulation, none against a real SuperLink).
         self.statistics = ClientStatistics(
@@ -181,11 +179,20 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         #: The clip norm of the coming round, C_t (strategies/clipping.py): fixed, or adaptive clipping's, which
         #: releases a noisy clipped count every round and so takes its share of the joint noise multiplier.
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, self.private)
-        if self.private:
-            self.ledger = self.make_ledger()
-            self.noise_multiplier = self.calibrated_noise_multiplier()
-        #: Where the round's noise is added (strategies/placement.py).
+        #: Where the round's noise is added (strategies/placement.py); a recipe may read it (DP-FedSAM-topk's).
         self.placement: Placement = placement(privacy.placement)
+        #: What the run's releases spend and the budget guard (None for the non-private references).
+        self.budget: PrivacyBudget | None = None
+        if self.private:
+            ledger = self.make_ledger()
+            self.noise_multiplier = self.calibrated_noise_multiplier()
+            self.budget = PrivacyBudget(
+                ledger,
+                self.mechanisms,
+                noise_multiplier=accounted_noise_multiplier(self.noise_multiplier, self.clipping, self.statistics),
+                sample_rate=privacy.sample_rate,
+                max_epsilon=privacy.max_epsilon,
+            )
         opt = config.server_optimizer
         #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
         self.server_optimizer = ServerOptimizer(
@@ -221,8 +228,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         # Until resolve_settings(): one message per client for "auto".
         size = config.simulation.cohort_size
         self.cohort_size: CohortSize = 1 if size == "auto" or config.population != "virtual" else int(size)
-        #: Releases this run has logged (and accounted), resumed ones included: run.json's ``rounds_released``.
-        self.rounds_released = 0
         #: The run's canary audit (``audit``; created by prepare_run()).
         self.auditor: CanaryAuditor | None = None
         if resume_from is not None:
@@ -250,8 +255,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         if self._prepared:
             return
         self.resolve_settings(is_simulation(grid))
-        if self.private:  # a pipeline that makes no privacy event is refused before anything is released
-            self.release_events(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
+        if self.budget is not None:  # a pipeline that makes no privacy event is refused before anything is released
+            self.budget.events()
         self.summary()
         log(INFO, "\tserver optimizer: %s", self.server_optimizer.describe())
         self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
@@ -392,7 +397,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             return []
         # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
         repeat = self.releases.repeats(server_round)
-        if not repeat and (reason := self.over_budget(server_round)) is not None:
+        reason = None if repeat or self.budget is None else self.budget.over_budget(server_round)
+        if reason is not None:
             self.stop_reason = reason
             log(WARNING, "Stopping before round %d: %s", server_round, reason)
             return []
@@ -439,12 +445,11 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         server_round = in_flight.plan.server_round
         if self.auditor is not None:
             self.auditor.round_released(server_round, in_flight.plan.global_weights, outcome.new_weights)
-        if self.private:
-            self.releases.record(self.release(server_round, outcome.new_weights))
+        if self.budget is not None:
+            self.releases.record(self.budget.release(server_round, outcome.new_weights, self.secure_noise))
         self.round_released(in_flight.plan)
-        if not in_flight.repeat:
-            self.account_round()
-            self.rounds_released += int(self.private)
+        if self.budget is not None and not in_flight.repeat:
+            self.budget.account()
         if self.on_accounted is not None:
             self.on_accounted(self)
         outcome.published = self.published_statistics(server_round, outcome.stats)

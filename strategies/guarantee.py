@@ -9,7 +9,6 @@ from functools import partial
 from logging import INFO, WARNING
 from typing import Any
 
-import numpy as np
 from flwr.common.logger import log
 from flwr.serverapp import PrivacyAccountant
 
@@ -17,27 +16,14 @@ from fl_app.instructions import (
     STREAM_STATISTICS,
 )
 from fl_app.privacy import adaptive_clipping as adaptive
-from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
-from fl_app.privacy.pipeline import PrivacyEvent, ReleaseParameters
-from fl_app.releases import Release, model_digest, randomness_name
 from strategies.clipping import AdaptiveClipNorm
+from strategies.noise import accounted_noise_multiplier
 from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE
 
 
 class Guarantee:
     """The ledger, the budget guard, the release's accounting and the run's claims (strategies/base.py's fields)."""
-
-    def over_budget(self, server_round: int) -> str | None:
-        """Step 1, the budget guard: why ``server_round`` must not run (ε would pass ``privacy.max_epsilon``), or
-        None."""
-        limit = self.config.privacy.max_epsilon
-        if not self.private or limit is None:
-            return None
-        next_eps = self.projected_epsilon()
-        if next_eps <= limit:
-            return None
-        return f"budget guard: round {server_round} would take epsilon to {next_eps:.4f} > max_epsilon={limit}"
 
     @property
     def noise_source(self) -> str:
@@ -70,19 +56,13 @@ class Guarantee:
         """The run's DP claim, as written into ``run.json``: the ledger's account, the mechanism's parameters."""
         if not self.private:
             return {"dp_guarantee": "none: non-private reference", "client_statistics": self.client_statistics_claim()}
-        assert self.ledger is not None
-        claim = self.ledger.claim()
-        statement = claim.pop("statement")
-        reason = self.not_covered_reason()
-        if self.auditor is not None and (warning := self.auditor.warning()) is not None:
-            statement = f"{statement} -- {warning}"  # never the guarantee without the audit's contradiction
+        assert self.budget is not None
+        # A canary audit that contradicts the claim is stated with it, never left out.
+        warning = None if self.auditor is None else self.auditor.warning()
         return {
-            "dp_guarantee": self.ledger.uncovered(reason) if reason else statement,
-            **claim,
+            **self.budget.claim(self.not_covered_reason(), warning),
             **self.mechanism_claim(),
             "client_statistics": self.client_statistics_claim(),
-            # Distinct noisy models that have left (or were logged to leave) the server, resumed runs included.
-            "rounds_released": self.rounds_released,
             "noise_source": self.noise_source,
             "sampling_source": self.randomness_source,
             "noise_stream": self.noise_stream_claim(),
@@ -155,55 +135,25 @@ class Guarantee:
         rng = partial(self.noise_rng, server_round, STREAM_STATISTICS)  # drawn only for a noisy count
         return self.statistics.published(stats, self.expected_clients, self.adaptive_clipping, rng)
 
-    def epsilon(self) -> float:
-        return math.inf if self.ledger is None else self.ledger.epsilon()
+    @property
+    def ledger(self) -> PrivacyLedger | None:
+        """What the run has released and spent (None for the non-private references)."""
+        return None if self.budget is None else self.budget.ledger
 
-    def projected_epsilon(self) -> float:
-        """ε after one more round (the budget guard's question)."""
-        assert self.ledger is not None
-        return self.ledger.projected_epsilon(self.accounted_noise_multiplier, self.config.privacy.sample_rate)
+    @property
+    def rounds_released(self) -> int:
+        """Distinct noisy models released and accounted, those of the run a resume continues included."""
+        return 0 if self.budget is None else self.budget.released
+
+    def epsilon(self) -> float:
+        return math.inf if self.budget is None else self.budget.epsilon()
 
     @property
     def accounted_noise_multiplier(self) -> float:
         """The σ the accountant composes: the update's, or the joint one when noisy statistics are released too."""
-        if self.noise_multiplier == 0:
-            return self.noise_multiplier
-        if self.adaptive_clipping:
-            return self.clipping.joint_noise_multiplier(self.noise_multiplier)
-        if not self.statistics.releases_noisy_count:
-            return self.noise_multiplier
-        return mech.joint_noise_multiplier(self.noise_multiplier, self.statistics.noise_multiplier)
-
-    def release_events(self, noise_multiplier: float, sample_rate: float) -> list[PrivacyEvent]:
-        """The privacy events one release of this strategy makes: those of its pipeline's mechanisms (a private
-        strategy whose pipeline makes none is refused: its releases would go unaccounted)."""
-        release = ReleaseParameters(noise_multiplier, sample_rate)
-        events = [event for m in self.mechanisms if (event := m.privacy_event(release)) is not None]
-        if not events:
-            raise RuntimeError(f"{type(self).__name__}: no mechanism of its pipeline makes a privacy event")
-        return events
-
-    def account_round(self) -> None:
-        if self.ledger is not None:
-            for event in self.release_events(self.accounted_noise_multiplier, self.config.privacy.sample_rate):
-                self.ledger.compose(event)
-
-    def release(self, server_round: int, weights: list[np.ndarray]) -> Release:
-        """This round's noisy model ``weights`` as a release (the write-ahead log's record)."""
-        return Release(
-            round=server_round,
-            noise_multiplier=float(self.accounted_noise_multiplier),
-            sample_rate=float(self.config.privacy.sample_rate),
-            randomness=randomness_name(self.secure_noise),
-            digest=model_digest(weights),
-        )
-
-    def account_release(self, release: Release) -> None:
-        """Count a release logged after the checkpoint this run resumed from (the accountant restored from it has
-        not seen it)."""
-        if self.ledger is not None:
-            for event in self.release_events(release.noise_multiplier, release.sample_rate):
-                self.ledger.compose(event)
+        if self.budget is not None:
+            return self.budget.noise_multiplier
+        return accounted_noise_multiplier(self.noise_multiplier, self.clipping, self.statistics)
 
     def round_extras(self) -> dict[str, Any]:
         """Strategy-specific fields of the round record."""

@@ -75,3 +75,16 @@ def update_noise_multiplier(config: AppConfig, statistics: ClientStatistics, cli
             clipping.count_stddev,
         )
     return sigma
+
+
+def accounted_noise_multiplier(sigma: float, clipping: ClipNorm, statistics: ClientStatistics) -> float:
+    """The multiplier the ledger composes for a release whose update carries σ = ``sigma``: σ itself, or the joint
+    one of the update and the noisy count released beside it (adaptive clipping's, or the noisy client statistics':
+    Andrew et al. 2021, Thm. 1). σ = 0 stays 0: the release is not private."""
+    if sigma == 0:
+        return sigma
+    if isinstance(clipping, AdaptiveClipNorm):
+        return clipping.joint_noise_multiplier(sigma)
+    if not statistics.releases_noisy_count:
+        return sigma
+    return mech.joint_noise_multiplier(sigma, statistics.noise_multiplier)

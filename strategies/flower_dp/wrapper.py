@@ -53,8 +53,10 @@ from fl_app.empty_rounds import EmptyRoundWatch
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger, accountant_name
-from fl_app.privacy.pipeline import PrivacyEvent, ReleaseParameters, mechanisms_for
-from fl_app.releases import Release, ReleaseLog, model_digest
+from fl_app.privacy.pipeline import mechanisms_for
+from fl_app.releases import ReleaseLog
+from strategies.client_dp import PrivacyBudget
+from strategies.clipping import FixedClipNorm
 from strategies.flower_dp.checks import (
     NOISE_STREAM,
     SAMPLING_STREAM,
@@ -166,16 +168,21 @@ class ClientLevelDP(Strategy):
             self.expected_clients = mech.expected_clients(self.num_clients, self.sample_rate)
         #: The per-coordinate std σC/m of the noise on the released average.
         self.noise_std = mech.gaussian_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, "server")
-        #: What the releases spend: our strategies' ledger, over ``accountant`` (a name or Flower's interface).
-        self.ledger = SampledGaussianLedger(self.delta, accountant, self.sampling, self.num_clients)
+        #: What the releases spend and the budget guard, as our strategies keep them: our ledger over ``accountant``
+        #: (a name or Flower's interface), composing the privacy events of our ``dense`` recipe's mechanisms (clip,
+        #: then Gaussian noise) for each release.
+        self.budget = PrivacyBudget(
+            SampledGaussianLedger(self.delta, accountant, self.sampling, self.num_clients),
+            mechanisms_for(RecipeSpec("dense")),
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=self.sample_rate,
+            max_epsilon=self.max_epsilon,
+        )
         #: The accountant's name in dp_guarantee(): rdp, prv, pld, flwr-rdp for Flower's, else its class.
-        self.accountant_name = accountant_name(self.ledger.accountant)
-        #: A round's mechanisms, our ``dense`` recipe (clip, then Gaussian noise): their privacy events are what the
-        #: ledger composes for each release (:meth:`release_events`).
-        self.mechanisms = mechanisms_for(RecipeSpec("dense"))
+        self.accountant_name = accountant_name(self.budget.accountant)
         if not isinstance(accountant, str):  # Flower's event needs σ > 0 and a whole m = qM: find out now
             try:
-                self.ledger.projected_epsilon(self.noise_multiplier, self.sample_rate)
+                self.budget.projected_epsilon()
             except ValueError as exc:
                 raise ValueError(f"ClientLevelDP argument accountant={self.accountant_name}: {exc}") from None
         #: Why the budget guard stopped the run (None while it runs).
@@ -210,46 +217,41 @@ class ClientLevelDP(Strategy):
     @property
     def rounds_released(self) -> int:
         """Noisy models released (and accounted), earlier releases logged in ``release_dir`` included."""
-        return self.ledger.rounds
+        return self.budget.released
+
+    @property
+    def ledger(self) -> SampledGaussianLedger:
+        """What the releases have spent (:attr:`budget`'s ledger)."""
+        return self.budget.ledger  # type: ignore[return-value]  (built above)
 
     @property
     def accountant(self) -> PrivacyAccountant:
         """What accounts the releases, with Flower's ``PrivacyAccountant`` interface (``compose``, ``get_epsilon``,
         ``would_exceed``, ``state_dict``): the one ``accountant=`` named, or the instance it was given."""
-        return self.ledger.accountant
+        return self.budget.accountant
 
     def epsilon(self) -> float:
         """ε spent so far at δ (∞ once a release without noise, σ = 0, is accounted)."""
-        return self.ledger.epsilon()
-
-    def release_events(self, noise_multiplier: float, sample_rate: float) -> list[PrivacyEvent]:
-        """The privacy events one release makes: those of the round's mechanisms (strategies/guarantee.py's)."""
-        release = ReleaseParameters(noise_multiplier, sample_rate)
-        return [event for m in self.mechanisms if (event := m.privacy_event(release)) is not None]
-
-    def _account(self, noise_multiplier: float, sample_rate: float) -> None:
-        for event in self.release_events(noise_multiplier, sample_rate):
-            self.ledger.compose(event)
+        return self.budget.epsilon()
 
     def dp_guarantee(self) -> dict[str, Any]:
-        """The guarantee of the models released so far, and the mechanism's parameters."""
-        claim = self.ledger.claim()
+        """The guarantee of the models released so far and the mechanism's parameters: our strategies' ``run.json``
+        claim (:meth:`strategies.client_dp.PrivacyBudget.claim` and the same mechanism fields), and what the wrapper
+        adds (the population, the noise's std, what is not covered)."""
         return {
-            "statement": claim["statement"],
-            "epsilon": claim["epsilon"],
-            "delta": self.delta,
-            "rounds": self.rounds_released,
-            "accountant": claim["accountant"],
-            "sampling": self.sampling,
-            "sampling_event": claim["sampling_event"],
-            "neighbouring": claim["neighbouring"],
-            "sample_rate": self.sample_rate,
-            "num_clients": self.num_clients,
+            **self.budget.claim(),
             "noise_multiplier": self.noise_multiplier,
+            "accounted_noise_multiplier": self.budget.noise_multiplier,
             "clip_norm": self.clip_norm,
+            "clipping": FixedClipNorm(self.clip_norm).claim(),
+            "sample_rate": self.sample_rate,
             "expected_clients": self.expected_clients,
+            "placement": "server",
+            "sampling": self.sampling,
+            "num_clients": self.num_clients,
             "noise_std": self.noise_std,
-            "randomness": self.randomness,
+            "noise_source": self.randomness,
+            "sampling_source": self.randomness,
             "not_covered": "client-reported metrics (train replies' metrics are dropped; evaluation metrics)",
         }
 
@@ -279,15 +281,10 @@ class ClientLevelDP(Strategy):
             return []
         node_ids = population(grid, self.num_clients, wait=self.rounds_started == 0)
         keys, weights, dtypes = global_model(arrays)
-        if self.max_epsilon is not None:
-            projected = self.ledger.projected_epsilon(self.noise_multiplier, self.sample_rate)
-            if projected > self.max_epsilon:
-                self.stop_reason = (
-                    f"budget: round {server_round} would take epsilon from {self.epsilon():.4g} to {projected:.4g}, "
-                    f"above max_epsilon={self.max_epsilon:g}"
-                )
-                log(WARNING, "configure_train: stopping before the round: %s", self.stop_reason)
-                return []
+        if (reason := self.budget.over_budget(server_round)) is not None:
+            self.stop_reason = reason
+            log(WARNING, "configure_train: stopping before the round: %s", self.stop_reason)
+            return []
         draw = self.rounds_started + 1
         rng = mech.random_source(self.secure, self.seed, draw, SAMPLING_STREAM)
         if self.sampling == "fixed":
@@ -347,12 +344,10 @@ class ClientLevelDP(Strategy):
             aggregated, _client_metrics = self.strategy.aggregate_train(server_round, forwarded)
         released = released_model(aggregated, planned)
 
-        digest = model_digest(released.to_numpy_ndarrays())
+        release = self.budget.release(server_round, released.to_numpy_ndarrays(), self.secure)
         if self.release_log is not None:  # written ahead: the model leaves the server only after this line is durable
-            self.release_log.append(
-                Release(server_round, self.noise_multiplier, self.sample_rate, self.randomness, digest)
-            )
-        self._account(self.noise_multiplier, self.sample_rate)
+            self.release_log.append(release)
+        self.budget.account()
         epsilon = self.epsilon()
         log(INFO, "aggregate_train: released round %d, epsilon=%.4f at delta=%g after %d releases", server_round,
             epsilon, self.delta, self.rounds_released)  # fmt: skip
@@ -393,7 +388,7 @@ class ClientLevelDP(Strategy):
         earlier = release_log.read()
         check_release_dir(directory, len(earlier), self.secure)
         for release in earlier:  # every model that left the server is spent, whichever run released it
-            self._account(release.noise_multiplier, release.sample_rate)
+            self.budget.account(release)
         if earlier:
             log(WARNING, "ClientLevelDP: accounted %d earlier releases logged in %s (epsilon=%.4f)", len(earlier),
                 directory, self.epsilon())  # fmt: skip

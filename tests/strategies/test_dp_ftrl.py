@@ -94,7 +94,7 @@ def test_target_epsilon_calibrates_sigma_by_the_factorizations_bound(factorizati
     p, f = strategy.config.privacy, strategy.factorization
     bound = matrix_factorization_bound(f.toeplitz, 8, 8, 4, 2, strategy.noise_multiplier, p.delta)
     assert 4 * (1 - 1e-3) <= bound.epsilon <= 4
-    assert strategy.projected_epsilon() == pytest.approx(
+    assert strategy.budget.projected_epsilon() == pytest.approx(
         matrix_factorization_bound(f.toeplitz, 8, 1, 4, 2, strategy.noise_multiplier, p.delta).epsilon, rel=1e-12
     )
     assert bound.epsilon == pytest.approx(gdp_to_epsilon(bound.mu, p.delta), rel=1e-12)
