@@ -19,7 +19,10 @@ class RunReleases:
 
     def __init__(self, directory: Path | None, private: bool, seeded: bool) -> None:
         self.private, self.seeded = private, seeded
-        self.log = ReleaseLog(directory) if directory is not None and private else None
+        self.log = None
+        if directory is not None and private:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            self.log = ReleaseLog(directory)
         #: Lines in the log: a checkpoint stores it, and resuming from that checkpoint accounts every line after it.
         self.logged = self.log.count() if self.log is not None else 0
         # Rounds a resumed seeded run re-runs after they were released: {round: digests it may release again}.

@@ -54,7 +54,6 @@ from fl_app.instructions import RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger, accountant_name
 from fl_app.privacy.pipeline import mechanisms_for
-from fl_app.releases import ReleaseLog
 from strategies.client_dp import PrivacyBudget
 from strategies.clipping import FixedClipNorm
 from strategies.flower_dp.checks import (
@@ -77,6 +76,7 @@ from strategies.flower_dp.replies import (
     screen_replies,
     with_unit_weight,
 )
+from strategies.releasing import RunReleases
 
 __all__ = ["NOISE_STREAM", "SAMPLING_STREAM", "UNIT_WEIGHT", "ClientLevelDP"]
 
@@ -193,9 +193,10 @@ class ClientLevelDP(Strategy):
         self.privacy_metrics: dict[int, MetricRecord] = {}
         #: The last training round's reply counts (client-derived: kept here, never in a MetricRecord).
         self.last_round_counts: dict[str, Any] | None = None
-        self.release_log: ReleaseLog | None = None
-        if release_dir is not None:
-            self.release_log = self._open_release_log(Path(release_dir))
+        #: The write-ahead release log in ``release_dir`` (not logged without one): our strategies' policy object.
+        directory = None if release_dir is None else Path(release_dir)
+        self.releases = RunReleases(directory, private=True, seeded=not self.secure)
+        self._account_earlier_releases()
         #: Rounds this wrapper has started (sent a sample to): the key k of the seeded streams of the next is k + 1.
         self.rounds_started = 0
         self._round: PlannedRound | None = None
@@ -345,8 +346,7 @@ class ClientLevelDP(Strategy):
         released = released_model(aggregated, planned)
 
         release = self.budget.release(server_round, released.to_numpy_ndarrays(), self.secure)
-        if self.release_log is not None:  # written ahead: the model leaves the server only after this line is durable
-            self.release_log.append(release)
+        self.releases.record(release)  # written ahead: the model leaves the server only after this line is durable
         self.budget.account()
         epsilon = self.epsilon()
         log(INFO, "aggregate_train: released round %d, epsilon=%.4f at delta=%g after %d releases", server_round,
@@ -382,14 +382,14 @@ class ClientLevelDP(Strategy):
     # Internals
     # ------------------------------------------------------------------------------------------------------------
 
-    def _open_release_log(self, directory: Path) -> ReleaseLog:
-        directory.mkdir(parents=True, exist_ok=True)
-        release_log = ReleaseLog(directory)
-        earlier = release_log.read()
-        check_release_dir(directory, len(earlier), self.secure)
-        for release in earlier:  # every model that left the server is spent, whichever run released it
-            self.budget.account(release)
-        if earlier:
-            log(WARNING, "ClientLevelDP: accounted %d earlier releases logged in %s (epsilon=%.4f)", len(earlier),
-                directory, self.epsilon())  # fmt: skip
-        return release_log
+    def _account_earlier_releases(self) -> None:
+        """Every model an earlier run logged in ``release_dir`` left the server and is spent, whichever run released
+        it (as a resumed run of ours accounts the releases logged after its checkpoint); a seeded run refuses them."""
+        if not self.releases.logged:
+            return
+        assert self.releases.log is not None
+        check_release_dir(self.releases.log.path.parent, self.releases.logged, self.secure)
+        owed = self.releases.owed_after(0)
+        self.budget.resume(0, owed)
+        log(WARNING, "ClientLevelDP: accounted %d earlier releases logged in %s (epsilon=%.4f)", len(owed),
+            self.releases.log.path.parent, self.epsilon())  # fmt: skip
