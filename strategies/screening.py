@@ -20,6 +20,7 @@ message (however many it lists, they count once), and a partition it carries no 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from flwr.app import Message, RecordDict
@@ -113,13 +114,9 @@ def screen_flower_reply(plan: RoundPlan, content: RecordDict, ids: list[int]) ->
         return "malformed", str(exc)
     except Exception as exc:  # anything a client can send (undecodable arrays) is its fault
         return "malformed", f"Flower-convention reply: undecodable arrays ({type(exc).__name__})"
-    trained, shapes = parsed.trained, plan.shapes
-    floating = all(np.issubdtype(np.asarray(t).dtype, np.floating) for t in trained)
-    if not (floating and mech.has_shapes(trained, shapes)):
-        return "shape", f"partition {ids[0]} sent a model with other shapes or a non-floating dtype"
-    with np.errstate(over="ignore", invalid="ignore"):  # inf − inf and overflows are screened just below
-        update = [np.subtract(t, g, dtype=np.float64) for t, g in zip(trained, plan.global_weights, strict=True)]
-    kind, norm = mech.measure_update(update, shapes)
+    kind, update, norm = trained_update(parsed.trained, plan.global_weights)
+    if kind == "shape":
+        return kind, f"partition {ids[0]} sent a model with other shapes or a non-floating dtype"
     if kind is not None:
         return kind, f"partition {ids[0]} sent a model whose update has {kind} values"
     stats = {"pre_clip_norm": norm, "train_loss": math.nan, "train_accuracy": math.nan, "num_steps": math.nan}
@@ -128,6 +125,25 @@ def screen_flower_reply(plan: RoundPlan, content: RecordDict, ids: list[int]) ->
         return "malformed", "Flower-convention reply has a non-finite or negative pre_clip_norm"
     client = (ids[0], {**stats, "partition_id": float(ids[0])})
     return "ok", Contribution(total=update, clients=[client], norm=norm)
+
+
+def trained_update(
+    trained: Sequence[np.ndarray], global_weights: Sequence[np.ndarray]
+) -> tuple[str | None, list[np.ndarray], float]:
+    """The update Δ = trained − global of a reply that sent its trained model (Flower's convention, and every reply
+    :class:`strategies.flower_dp.ClientLevelDP` takes), in float64: (None, Δ, its global L2 norm), or the rejection
+    kind with no update: "shape" for other shapes or a non-floating dtype (the released model is floating and every
+    coordinate gets noise), "nonfinite" for NaN/Inf anywhere or finite entries whose norm overflows."""
+    shapes = [np.shape(g) for g in global_weights]
+    floating = all(np.issubdtype(np.asarray(t).dtype, np.floating) for t in trained)
+    if not (floating and mech.has_shapes(trained, shapes)):
+        return "shape", [], math.nan
+    with np.errstate(over="ignore", invalid="ignore"):  # inf − inf and overflows are screened just below
+        update = [np.subtract(t, g, dtype=np.float64) for t, g in zip(trained, global_weights, strict=True)]
+    kind, norm = mech.measure_update(update, shapes)
+    if kind is not None:
+        return kind, [], math.nan
+    return None, update, norm
 
 
 def screen_partition_models(plan: RoundPlan, content: RecordDict, ids: list[int]) -> list[Screened]:

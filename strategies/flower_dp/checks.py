@@ -43,8 +43,6 @@ MEAN_AGGREGATORS: tuple[type[FedAvg], ...] = (FedAvg, FedOpt, FedAdam, FedYogi, 
 #: aggregate by the mean, so it is refused.
 _AGGREGATION_METHODS = ("aggregate_train", "_check_and_log_replies", "_compute_deltat_and_mt")
 
-#: Why a reply was not aggregated (``last_round_counts["rejected"]``).
-REJECTION_REASONS = ("error", "unbound", "duplicate", "malformed", "shape", "nonfinite")
 
 
 def check_inner_strategy(strategy: object, num_clients: int) -> None:

@@ -18,7 +18,9 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_app.privacy import mechanisms as mech
-from strategies.flower_dp.checks import REJECTION_REASONS, UNIT_WEIGHT
+from strategies.aggregation import REJECTION_KINDS
+from strategies.flower_dp.checks import UNIT_WEIGHT
+from strategies.screening import trained_update
 
 #: An accepted reply: the message it answers and its clipped update Δ̃ (float64, in the round's key order).
 Accepted = tuple[Message, list[np.ndarray]]
@@ -80,7 +82,10 @@ def population(grid: Grid, num_clients: int, wait: bool = False) -> list[int]:
 def screen_replies(
     planned: PlannedRound, replies: list[Message], clip_norm: float
 ) -> tuple[list[Accepted], Counter[str], int]:
-    """(accepted (message, clipped update) pairs, rejections by reason, messages answered)."""
+    """(accepted (message, clipped update) pairs, rejections by kind, messages answered), in our strategies'
+    vocabulary (:data:`strategies.aggregation.REJECTION_KINDS`): an answer to no message of the round, from another
+    node than it went to, or to an already answered one, is malformed, as a reply of the wrong layout is; an error
+    reply is failed; the update is screened by :func:`strategies.screening.trained_update` (shape, nonfinite)."""
     sent = {m.metadata.message_id: m for m in planned.messages if m.metadata.message_id}
     answered: set[str] = set()
     rejected: Counter[str] = Counter()
@@ -88,51 +93,40 @@ def screen_replies(
     for reply in replies:
         reply_to = reply.metadata.reply_to_message_id
         message = sent.get(reply_to)
-        if message is None or reply.metadata.src_node_id != message.metadata.dst_node_id:
-            rejected["unbound"] += 1  # not a reply to this round's messages, or not from the node it went to
-            continue
-        if reply_to in answered:
-            rejected["duplicate"] += 1  # a message is answered once: the first reply binds
+        if message is None or reply.metadata.src_node_id != message.metadata.dst_node_id or reply_to in answered:
+            rejected["malformed"] += 1  # not the first answer to this round's message from the node it went to
             continue
         answered.add(reply_to)
         if reply.has_error():
-            rejected["error"] += 1
+            rejected["failed"] += 1
             continue
-        update, reason = _clipped_update(reply, planned, clip_norm)
-        if update is None:
-            rejected[reason] += 1
+        kind, update = _clipped_update(reply, planned, clip_norm)
+        if kind is not None:
+            rejected[kind] += 1
             continue
         accepted.append((message, update))
     return accepted, rejected, len(answered)
 
 
-def _clipped_update(reply: Message, planned: PlannedRound, clip_norm: float) -> tuple[list[np.ndarray] | None, str]:
-    """(Δ̃ = clip(trained − global, C) in float64, "") or (None, why the reply is rejected)."""
+def _clipped_update(reply: Message, planned: PlannedRound, clip_norm: float) -> tuple[str | None, list[np.ndarray]]:
+    """(None, Δ̃ = clip(trained − global, C) in float64) or (the kind the reply is rejected as, [])."""
     if not reply.has_content():
-        return None, "malformed"
+        return "malformed", []
     records = list(reply.content.array_records.values())
     if len(records) != 1:
-        return None, "malformed"
+        return "malformed", []
     (record,) = records
     if set(record.keys()) != set(planned.keys):
-        return None, "shape"
-    update: list[np.ndarray] = []
-    for key, weights in zip(planned.keys, planned.global_weights, strict=True):
-        try:
-            trained = np.asarray(record[key].numpy())
-        except Exception:  # undecodable bytes, a non-numpy serialisation: the client's fault, never a crash
-            return None, "malformed"
-        if trained.shape != weights.shape:
-            return None, "shape"
-        if not (np.issubdtype(trained.dtype, np.floating) or np.issubdtype(trained.dtype, np.integer)):
-            return None, "malformed"
-        with np.errstate(over="ignore", invalid="ignore"):  # inf − inf and overflows are screened just below
-            update.append(trained.astype(np.float64) - weights)
-    # The screening every reply gets (NaN/Inf anywhere, or finite entries whose norm overflows).
-    if mech.measure_update(update, [w.shape for w in planned.global_weights])[0] is not None:
-        return None, "nonfinite"
-    clipped, _norm = mech.clip_update(update, clip_norm)
-    return clipped, ""
+        return "shape", []
+    try:
+        trained = [np.asarray(record[key].numpy()) for key in planned.keys]
+    except Exception:  # undecodable bytes, a non-numpy serialisation: the client's fault, never a crash
+        return "malformed", []
+    kind, update, _norm = trained_update(trained, planned.global_weights)
+    if kind is not None:
+        return kind, []
+    clipped, _ = mech.clip_update(update, clip_norm)
+    return None, clipped
 
 
 def forwarded_replies(
@@ -191,7 +185,7 @@ def counts(sampled: int, answered: int, replies: int, accepted: int, rejected: C
         "replies": replies,
         "accepted": accepted,
         "missing": sampled - answered,
-        "rejected": {reason: int(rejected.get(reason, 0)) for reason in REJECTION_REASONS},
+        "rejected": {kind: int(rejected.get(kind, 0)) for kind in REJECTION_KINDS},
     }
 
 

@@ -524,7 +524,9 @@ def test_hostile_replies_are_rejected_and_counted_and_the_round_is_still_release
         "replies": 14,  # 12 nodes: node 10 silent, 7, 8 and 9 two replies each
         "accepted": 5,  # nodes 7, 8, 9, 11, 12
         "missing": 1,
-        "rejected": {"error": 1, "unbound": 2, "duplicate": 1, "malformed": 2, "shape": 2, "nonfinite": 1},
+        # Our strategies' vocabulary: the two answers to no message of node 8's and 9's, node 7's second answer and
+        # nodes 3's and 6's layouts are malformed; node 4's error failed.
+        "rejected": {"failed": 1, "malformed": 5, "shape": 2, "nonfinite": 1},
     }
     assert strategy.ledger.rounds == 1 and len(ReleaseLog(tmp_path).read()) == 1
     # The release is w + (1/m) Σ over the accepted honest replies + Z.
@@ -539,6 +541,23 @@ def test_hostile_replies_are_rejected_and_counted_and_the_round_is_still_release
         np.testing.assert_allclose(got, g + s / 12 + z, rtol=0, atol=1e-12)
 
 
+def test_a_reply_with_integer_arrays_is_rejected_as_shape_as_our_strategies_screen_it() -> None:
+    """One dtype policy (strategies/screening.py's trained_update): every released coordinate gets noise, so a
+    trained model must be floating, whoever screens it."""
+
+    def integers(node: int, message: Message, honest: Message) -> list[Message]:
+        if node != 1:
+            return [honest]
+        arrays = honest.content["arrays"]
+        cast = ArrayRecord({k: Array(np.round(arrays[k].numpy()).astype(np.int64)) for k in arrays})
+        return [_reply(message, RecordDict({"arrays": cast, "metrics": MetricRecord({"num-examples": 10})}))]
+
+    strategy = wrapper(sample_rate=1.0)
+    Strategy.start(strategy, ClientAppGrid(nodes=10, tamper=integers), initial(np.float64), num_rounds=1)
+    assert strategy.last_round_counts["accepted"] == 9
+    assert strategy.last_round_counts["rejected"] == {"failed": 0, "malformed": 0, "shape": 1, "nonfinite": 0}
+
+
 def test_a_round_with_no_accepted_reply_still_releases_the_noise_and_is_accounted() -> None:
     def everyone_fails(node: int, message: Message, honest: Message) -> list[Message]:
         return [Message(Error(code=1, reason="boom"), reply_to=message)]
@@ -546,7 +565,7 @@ def test_a_round_with_no_accepted_reply_still_releases_the_noise_and_is_accounte
     strategy = wrapper(sample_rate=1.0)
     grid = ClientAppGrid(nodes=10, tamper=everyone_fails)
     result = Strategy.start(strategy, grid, initial(np.float64), num_rounds=1)
-    assert strategy.last_round_counts["accepted"] == 0 and strategy.last_round_counts["rejected"]["error"] == 10
+    assert strategy.last_round_counts["accepted"] == 0 and strategy.last_round_counts["rejected"]["failed"] == 10
     assert strategy.ledger.rounds == 1
     for got, z in zip(weights(result.arrays), round_noise(3, 1, strategy.noise_std), strict=True):
         np.testing.assert_allclose(got, z, rtol=0, atol=1e-15)  # w = 0: the release is Z
@@ -561,7 +580,7 @@ def test_a_run_in_which_nobody_trains_fails_after_max_empty_rounds_with_every_re
 
     strategy = wrapper(sample_rate=1.0, max_empty_rounds=2)
     grid = ClientAppGrid(nodes=10, tamper=everyone_fails)
-    with pytest.raises(NoUpdateAcceptedError, match=r"2 consecutive rounds .*error: 10 reply\(ies\)"):
+    with pytest.raises(NoUpdateAcceptedError, match=r"2 consecutive rounds .*failed: 10 reply\(ies\)"):
         Strategy.start(strategy, grid, initial(np.float64), num_rounds=5)
     assert strategy.ledger.rounds == 2
     assert strategy.epsilon() == pytest.approx(compute_epsilon(SIGMA, 1.0, 2, DELTA), rel=1e-12)
