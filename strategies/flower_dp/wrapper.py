@@ -76,6 +76,7 @@ from strategies.flower_dp.replies import (
     screen_replies,
     with_unit_weight,
 )
+from strategies.randomness import RunRandomness
 from strategies.releasing import RunReleases
 
 __all__ = ["NOISE_STREAM", "SAMPLING_STREAM", "UNIT_WEIGHT", "ClientLevelDP"]
@@ -160,6 +161,8 @@ class ClientLevelDP(Strategy):
         self.max_epsilon = privacy.max_epsilon
         self.secure = bool(secure)
         self.seed = int(seed)
+        #: The sampler and the random sources, our strategies' (``privacy.noise_stream=shared`` for seeded noise).
+        self.random = RunRandomness(self.secure, self.seed, None, self.sampling, self.sample_rate)
         #: m = qM, the fixed denominator of every round's average, as our strategies take it: not rounded
         #: (docs/mechanisms.md, 3), but the whole number the fixed-size sampler draws under ``sampling="fixed"``.
         if self.sampling == "fixed":
@@ -251,8 +254,9 @@ class ClientLevelDP(Strategy):
             "sampling": self.sampling,
             "num_clients": self.num_clients,
             "noise_std": self.noise_std,
-            "noise_source": self.randomness,
-            "sampling_source": self.randomness,
+            "noise_source": self.random.source(),
+            "sampling_source": self.random.source(),
+            "noise_stream": self.random.noise_stream_claim(),
             "not_covered": "client-reported metrics (train replies' metrics are dropped; evaluation metrics)",
         }
 
@@ -287,11 +291,7 @@ class ClientLevelDP(Strategy):
             log(WARNING, "configure_train: stopping before the round: %s", self.stop_reason)
             return []
         draw = self.rounds_started + 1
-        rng = mech.random_source(self.secure, self.seed, draw, SAMPLING_STREAM)
-        if self.sampling == "fixed":
-            positions = mech.fixed_size_sample(self.num_clients, round(self.expected_clients), rng)
-        else:
-            positions = mech.poisson_sample(self.num_clients, self.sample_rate, rng)
+        positions = self.random.sample(self.num_clients, self.random.round_rng(draw, SAMPLING_STREAM))
         sampled = [node_ids[int(i)] for i in positions]
         # The inner strategy builds its messages for every node (fraction_train=1.0): its config, and its own state
         # (FedOpt's and FedAvgM's current arrays) follow the round; only the sampled nodes' messages are sent.
@@ -336,7 +336,7 @@ class ClientLevelDP(Strategy):
             sum(rejected.values()), len(planned.messages) - answered)  # fmt: skip
 
         # One draw Z ~ N(0, (σC/m)²) for the round, on every forwarded reply: the inner mean passes it through.
-        rng = mech.random_source(self.secure, self.seed, planned.draw, NOISE_STREAM)
+        rng = self.random.noise_rng(planned.draw, NOISE_STREAM)
         zeros = [np.zeros(w.shape, dtype=np.float64) for w in planned.global_weights]
         noise = mech.add_gaussian_noise(zeros, self.noise_std, rng)
         # The inner strategy's unweighted mean of these is w + (1/m) ΣΔ̃ + Z, over the fixed m whoever answered.
