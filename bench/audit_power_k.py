@@ -4,7 +4,7 @@
 min(δ, 0.01/K) (the audit's default, δ = 0.01 as in CPU Table IV), the ceiling of Steinke, Nasr & Jagielski's
 one-run bound (NeurIPS 2023, arXiv 2305.08846) at K and δ_LB — the ε it certifies when every guess is right
 (:func:`fl_app.privacy.audit.certifiable_epsilon`) — next to the accountant's ε of CPU Table IV (σ = 0.95,
-q = 0.1, 12 rounds, Poisson sampling, RDP: :func:`fl_app.privacy.accounting.compute_epsilon`) at the same δ_LB
+q = 0.1, 12 rounds, Poisson sampling, RDP: :func:`fl_app.privacy.accountants.compute_epsilon`) at the same δ_LB
 (a bound can only flag a violation where the ceiling is above it), and the time to generate and score K sparse
 canaries (:func:`fl_app.privacy.audit.sparse_canary_direction`, support 1,000) against 12 model deltas of the
 paper CNN's d = 1,663,370 weights, against the dense canaries' time, extrapolated from a measured sample of 50.
@@ -35,7 +35,7 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from fl_app.privacy.audit import (
     canary_dots,
     certifiable_epsilon,

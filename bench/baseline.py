@@ -205,7 +205,7 @@ class AdaptiveClip:
     def of(cls, config: AppConfig) -> AdaptiveClip:
         p = config.privacy
         count_stddev = p.clipped_count_stddev or adaptive.default_clipped_count_stddev(denominator(config))
-        return cls(p.clip_norm, adaptive.update_noise_multiplier(p.noise_multiplier, count_stddev), count_stddev)
+        return cls(p.clip_norm, adaptive.update_share_of_joint(p.noise_multiplier, count_stddev), count_stddev)
 
     def step(self, config: AppConfig, norms: list[float], server_round: int) -> None:
         """Release the round's noisy clipped fraction from ``(seed, t, ADAPTIVE_CLIP)`` and move C."""

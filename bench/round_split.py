@@ -35,7 +35,7 @@ TIMED = (
     ("strategies.base", "FederatedStrategy.plan_round", "plan"),
     ("strategies.base", "FederatedStrategy.aggregate_taken", "aggregate"),
     ("strategies.base", "FederatedStrategy.release", "digest"),
-    ("strategies.releasing", "RunReleases.record", "release_log"),
+    ("strategies.client_dp.releasing", "RunReleases.record", "release_log"),
     ("strategies.aggregation", "RoundReplies.take", "take"),
 )
 

@@ -397,7 +397,7 @@ def p3_memory(overrides: list[str], tmp: Path, clients_per_round: int = 20, roun
 
 
 def p4_accounting() -> dict[str, Any]:
-    from fl_app.privacy.accounting import PrivacyAccountant, calibrate_noise_multiplier, compute_epsilon
+    from fl_app.privacy.accountants import CompositionHistory, calibrate_noise_multiplier, compute_epsilon
 
     q, sigma, steps, population = 0.1, 0.95, 300, 500
     delta = 1 / population
@@ -414,7 +414,7 @@ def p4_accounting() -> dict[str, Any]:
     result["calibrated_sigma_for_eps_8"] = calibrate_noise_multiplier(8.0, delta, q, steps)
     result["calibrate_rdp_s"] = time.perf_counter() - t
     # What a round costs the server at T = 300: record the round, then the epsilon and the budget projection.
-    accountant = PrivacyAccountant("rdp", "poisson", population)
+    accountant = CompositionHistory("rdp", "poisson", population)
     accountant.step(sigma, q, steps - 1)
     t = time.perf_counter()
     accountant.step(sigma, q)

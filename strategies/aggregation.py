@@ -22,6 +22,7 @@ from flwr.app import Message
 
 from fl_app.instructions import CLIENT_TIMESTAMPS
 from fl_app.privacy import mechanisms as mech
+from strategies.client_dp.updates import REJECTION_KINDS
 from strategies.rounds import Contribution, RoundPlan
 from strategies.screening import screen_each
 
@@ -31,7 +32,6 @@ Admit = Callable[[RoundPlan, list[np.ndarray], int, float], tuple[list[np.ndarra
 #: Where a rejection is reported: (round, kind, reason).
 RejectionLog = Callable[[int, str, str], None]
 
-REJECTION_KINDS = ("failed", "malformed", "shape", "nonfinite")
 
 
 class RoundReplies:

@@ -29,7 +29,7 @@ class CanaryAuditor:
 
     def __init__(self, config: AppConfig, shapes: list[tuple[int, ...]], directory: Path | None, key: int) -> None:
         """``key`` keys the canaries' draws unless ``audit.seed`` is set: secret from the clients when randomness is
-        secure (strategies/randomness.py::RunRandomness.secret_key), kept in the checkpoint for a resume."""
+        secure (strategies/client_dp/randomness.py::RunRandomness.secret_key), kept in the checkpoint for a resume."""
         p = config.privacy
         self.config = config
         self.canaries = CanaryAudit(

@@ -1,34 +1,24 @@
 """The round skeleton shared by every strategy: a custom Flower (Message API) strategy.
 
-Privacy pipeline, in this order, every round t (journal Alg. 1; docs/mechanisms.md states each step):
+Every round t (journal Alg. 1; docs/mechanisms.md states each step and its privacy argument):
 
-1. **Budget guard** — if one more round would take ε above ``privacy.max_epsilon``, stop *before* it.
-2. **Sample** — clients (partition ids) drawn from the population of M by Poisson(q) or fixed-size m = qM
-   without replacement, from the stream ``(seed, t, SAMPLING)``; the accountant accounts the same event.
-3. **Configure** — each sampled client gets the global model and :class:`~fl_app.instructions.TrainInstructions`:
-   its local optimizer (the strategy's recipe), C, σ, m and the noise placement. In cohort mode (simulation,
-   ``population=virtual``) one message carries a cohort of sampled clients, cohorts balanced by local work
-   (samples and steps).
-4. **Client** (clients/): local SGD or SAM → Δ → clip to C on the global norm → (client placement) + N(0, σ²C²/m).
-   A cohort worker does this for each of its clients separately (clients/cohort.py) and replies with the float64
-   sum of its accepted clients' updates plus each client's statistics and fate.
-5. **Validate** — replies with errors are counted as failed; non-finite or wrong-shape updates are rejected and
-   counted. In server placement every update is clipped again to C: the server never trusts a client's clipping
-   (a cohort's sum of k clients is held to k·C, after the worker re-clipped each client to C).
-6. **Aggregate** — uniform sum in partition order divided by the **fixed** denominator m = qM (a missing client
-   never raises the sensitivity above C/m); server placement adds N(0, σ²C²/m²); client placement tops the
-   noise up for the clients that did not contribute, so the aggregate noise is always N(0, σ²C²/m²).
-   The server optimizer steps along the average (``server_optimizer``: w ← w + η_g · average for sgd; FedOpt's
-   momentum / Adagrad / Adam / Yogi otherwise): post-processing of the released average.
-7. **Account** — the noisy model is logged as released (``releases.jsonl``, fsync-ed, with its digest:
-   :mod:`fl_app.releases`) before it can leave the server, and the strategy's ledger (:mod:`fl_app.privacy.ledger`:
-   the sampled Gaussian accountant, or Noisy-FedAvg's GDP bound) records the round (σ, q), whatever number of
-   clients answered. A resumed run accounts every release logged after its checkpoint; a CSPRNG re-run round is a
-   new release, a seeded one must repeat its logged release or is refused.
+1. **Budget guard** — stop *before* a round whose release would take ε above ``privacy.max_epsilon``
+   (:class:`~strategies.client_dp.PrivacyBudget`).
+2. **Sample** — partition ids by Poisson(q) or fixed-size m = qM, from the stream ``(seed, t, SAMPLING)`` or the
+   OS CSPRNG (strategies/client_dp/randomness.py); the accountant accounts the same event.
+3. **Configure** — the global model and :class:`~fl_app.instructions.TrainInstructions` (the recipe, C, σ, m, the
+   noise placement) per client, or per cohort of clients balanced by local work (``population=virtual``).
+4. **Client** (clients/) — local SGD or SAM → Δ → clip to C → (client placement) + N(0, σ²C²/m).
+5. **Screen and admit** — bind each reply to its message, reject what is malformed, of other shapes or not finite
+   (strategies/screening.py), re-clip to C (k·C for a cohort's sum) where the server clips.
+6. **Aggregate** — the uniform sum over the **fixed** m plus the placement's noise N(0, σ²C²/m²) and the pipeline's
+   server steps (:class:`~strategies.client_dp.NoisyAverage`), then the server optimizer (post-processing).
+7. **Account** — the release logged ahead (``releases.jsonl``: strategies/client_dp/releasing.py), then composed
+   by the ledger, before the model can leave the server; resumes account what was logged after the checkpoint.
 8. **Evaluate and record** — global test loss/accuracy, ε, norm statistics, one JSON line.
 
-Non-private references (FedAvg, FedSAM) run the same skeleton with no clipping, no noise, no accountant and the
-mean over the updates that arrived. Strategy subclasses only say which client recipe they use; the mechanism
+Non-private references (FedAvg, FedSAM) run the same skeleton without a budget or a noisy average: no clipping, no
+noise, the mean over the updates that arrived. Strategy subclasses say which client recipe they use; the mechanism
 math lives in :mod:`fl_app.privacy`.
 """
 
@@ -69,16 +59,16 @@ from fl_app.privacy.pipeline import (
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
-from strategies.client_dp import PrivacyBudget
-from strategies.clipping import ClipNorm, clip_norm_for
+from strategies.client_dp import NoisyAverage, PrivacyBudget
+from strategies.client_dp.clipping import ClipNorm, clip_norm_for
+from strategies.client_dp.placement import Placement, placement
+from strategies.client_dp.randomness import RunRandomness
+from strategies.client_dp.releasing import RunReleases
 from strategies.cohorts import balance_cohorts, cohort_count, local_work
 from strategies.guarantee import Guarantee
 from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
 from strategies.observers import RoundObserver
-from strategies.placement import Placement, placement
 from strategies.population import Population
-from strategies.randomness import RunRandomness
-from strategies.releasing import RunReleases
 from strategies.round_steps import AggregationSteps
 from strategies.rounds import RoundOutcome, RoundPlan, train_messages
 from strategies.run_loop import RoundLoop
@@ -176,10 +166,10 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
                 "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
                 f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
             )
-        #: The clip norm of the coming round, C_t (strategies/clipping.py): fixed, or adaptive clipping's, which
-        #: releases a noisy clipped count every round and so takes its share of the joint noise multiplier.
+        #: The clip norm of the coming round, C_t (strategies/client_dp/clipping.py): fixed, or adaptive clipping's,
+        #: which releases a noisy clipped count every round and so takes its share of the joint noise multiplier.
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, self.private)
-        #: Where the round's noise is added (strategies/placement.py); a recipe may read it (DP-FedSAM-topk's).
+        #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
         self.placement: Placement = placement(privacy.placement)
         #: What the run's releases spend and the budget guard (None for the non-private references).
         self.budget: PrivacyBudget | None = None
@@ -193,6 +183,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
                 sample_rate=privacy.sample_rate,
                 max_epsilon=privacy.max_epsilon,
             )
+        #: The released average of a private round (None: the plain mean of what arrived): :meth:`make_average`.
+        self.noisy_average: NoisyAverage | None = self.make_average()
         opt = config.server_optimizer
         #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
         self.server_optimizer = ServerOptimizer(
@@ -212,12 +204,13 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.stop_reason: str | None = None
         #: Consecutive rounds in which nobody's update was accepted: the run fails after ``max_empty_rounds``.
         self.empty_rounds = EmptyRoundWatch(config.max_empty_rounds)
-        #: The run's releases (strategies/releasing.py): the write-ahead log in ``checkpoint_dir`` (none without one);
-        #: seeded until resolve_settings() knows the run's randomness.
+        #: The run's releases (strategies/client_dp/releasing.py): the write-ahead log in ``checkpoint_dir`` (none
+        #: without one); seeded until resolve_settings() knows the run's randomness.
         self.releases = RunReleases(self.checkpoint_dir, self.private, seeded=True)
         #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
         self.run_settings: RunSettings | None = None
-        #: The server's random sources (strategies/randomness.py); until resolve_settings(), "auto" is the seeded one.
+        #: The server's random sources (strategies/client_dp/randomness.py); until resolve_settings(), "auto" is the
+        #: seeded one.
         self.randomness = RunRandomness(
             secure=config.privacy.secure_noise is True,
             seed=config.seed,
@@ -295,6 +288,20 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         :meth:`state` / :meth:`load_state`)."""
         return mechanisms_for(self.client_recipe()) + self.server_mechanisms()
 
+    def make_average(self) -> NoisyAverage | None:
+        """A private round's average over the fixed m with the server's clip and noise (strategies/client_dp/
+        average.py); None for the non-private references, whose server takes the mean of what arrived."""
+        if not self.private:
+            return None
+        return NoisyAverage(
+            self.mechanisms,
+            self.placement,
+            self.clipping,
+            noise_multiplier=self.noise_multiplier,
+            expected_clients=self.expected_clients,
+            noise_source=self.noise_rng,
+        )
+
     def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:
         return local_training_config(self.config, self.local_optimizer)
 
@@ -314,11 +321,11 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
     # ----- sampling (docs/mechanisms.md, 1) -------------------------------------------------------------------
 
     def round_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
-        """The server's draws of a round (sampling, masks): strategies/randomness.py."""
+        """The server's draws of a round (sampling, masks): strategies/client_dp/randomness.py."""
         return self.randomness.round_rng(server_round, purpose)
 
     def noise_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
-        """The server's noise draws of a round: strategies/randomness.py."""
+        """The server's noise draws of a round: strategies/client_dp/randomness.py."""
         return self.randomness.noise_rng(server_round, purpose)
 
     def calibrated_noise_multiplier(self) -> float:

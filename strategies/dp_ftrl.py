@@ -13,7 +13,7 @@ The declarations of the strategies over the round skeleton (strategies/base.py):
   fixed-denominator average (:class:`fl_app.privacy.correlated_noise.CorrelatedNoise`), and its optimizer is the
   workload the factorization was optimised for: ``server_optimizer=sgd`` (prefix sums) or ``momentum`` (β).
 * **accounting** — the GDP ledger over the factorization's bound after T rows: μ = sens_Π(C_T)/σ, ε(δ), ρ = μ²/2
-  (fl_app/privacy/accounting/matrix_factorization.py); ``privacy.target_epsilon`` calibrates σ by it.
+  (fl_app/privacy/accountants/matrix_factorization.py); ``privacy.target_epsilon`` calibrates σ by it.
 
 Refused, with the reason: client placement (the stream spans rounds no client holds), adaptive clipping and noisy
 client statistics (their counts would need a joint accounting with the factorization that is not done here), the
@@ -38,7 +38,7 @@ from fl_app.config import ConfigError, StrategyConfig, require
 from fl_app.core.choices import FACTORIZATIONS, PARTICIPATION_SAMPLINGS
 from fl_app.instructions import STREAM_PARTICIPATION_GROUPS, STREAM_SAMPLING, RecipeSpec
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting.matrix_factorization import (
+from fl_app.privacy.accountants.matrix_factorization import (
     MatrixFactorizationBound,
     calibrate_matrix_factorization,
     matrix_factorization_bound,

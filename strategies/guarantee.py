@@ -17,7 +17,7 @@ from fl_app.instructions import (
 )
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
-from strategies.clipping import AdaptiveClipNorm
+from strategies.client_dp.clipping import AdaptiveClipNorm
 from strategies.noise import accounted_noise_multiplier
 from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE
 

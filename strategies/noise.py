@@ -4,7 +4,7 @@
 The configured (or calibrated) multiplier z is the one the ledger composes for everything a round releases. When a
 round also releases a noisy count, the update gets what the count leaves: σ_Δ = (z⁻² − σ_s⁻²)^(−1/2) for the noisy
 client statistics (:func:`fl_app.privacy.mechanisms.update_noise_for_joint`), σ_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) for
-adaptive clipping's count (Andrew et al. 2021, Thm. 1; strategies/clipping.py owns that split).
+adaptive clipping's count (Andrew et al. 2021, Thm. 1; strategies/client_dp/clipping.py owns that split).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from flwr.common.logger import log
 
 from fl_app.config import AppConfig, ConfigError
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting import calibrate_noise_multiplier
-from strategies.clipping import AdaptiveClipNorm, ClipNorm
+from fl_app.privacy.accountants import calibrate_noise_multiplier
+from strategies.client_dp.clipping import AdaptiveClipNorm, ClipNorm
 from strategies.statistics import ClientStatistics
 
 
@@ -57,7 +57,7 @@ def update_noise_multiplier(config: AppConfig, statistics: ClientStatistics, cli
     # The configured (or calibrated) multiplier is the joint one of update + count (Andrew et al. Thm. 1).
     joint = sigma
     try:
-        sigma = clipping.update_noise_multiplier(joint)
+        sigma = clipping.update_share_of_joint(joint)
     except ValueError as exc:
         raise ConfigError(
             f"invalid config value privacy.clipped_count_stddev={clipping.count_stddev:.4g}: {exc}; "

@@ -14,16 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import numpy as np
-
 from fl_app.config import ConfigError, StrategyConfig, require
 from fl_app.core.choices import NOISY_SCHEDULES
 from fl_app.instructions import NoisyLocalConfig, RecipeSpec
-from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.fdp import GDPBound, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
 from strategies.base import FederatedStrategy
-from strategies.rounds import RoundPlan
 
 
 @dataclass(frozen=True)
@@ -138,10 +134,6 @@ class NoisyFedAvg(FederatedStrategy):
     def client_clip_norm(self) -> float:
         return 0.0  # each local gradient is clipped to V instead
 
-    @property
-    def server_clips(self) -> bool:
-        return False
-
     def client_recipe(self) -> RecipeSpec:
         return RecipeSpec(kind="noisy_model", noise_std=self.config.strategy.noise_std)
 
@@ -156,9 +148,9 @@ class NoisyFedAvg(FederatedStrategy):
             prox_coef=self.prox_coef,
         )
 
-    def combine(self, plan: RoundPlan, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
-        # The clients already added the noise; the server takes the plain uniform mean of what arrived.
-        return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
+    def make_average(self) -> None:
+        """None: the clients noise their models, and the server takes the plain mean of what arrived (no clip)."""
+        return None
 
 
 class NoisyFedProx(NoisyFedAvg):

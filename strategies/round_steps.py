@@ -16,15 +16,8 @@ from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.instructions import (
     STREAM_ADAPTIVE_CLIP,
     STREAM_CANARY_SAMPLING,
-    STREAM_SERVER_NOISE,
 )
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.pipeline import (
-    GaussianNoise,
-    ServerStep,
-    run_server_steps,
-)
-from fl_app.privacy.prefetch import PrefetchedNormals
 from strategies.aggregation import RoundReplies
 from strategies.rounds import RoundOutcome, RoundPlan
 
@@ -71,19 +64,16 @@ class AggregationSteps:
     def admit(
         self, plan: RoundPlan, total: list[np.ndarray], clients: int = 1, norm: float = math.nan
     ) -> tuple[list[np.ndarray], int]:
-        """Step 5 for a screened sum of ``clients`` updates: the round's mask, the server's clip to clients·C;
-        (sum, clients if it had to be re-clipped else 0). ``norm`` is the sum's global L2 norm as the screening
-        measured it (NaN: measured here)."""
+        """Step 5 for a screened sum of ``clients`` updates: the round's mask, then the server's clip to clients·C
+        where a private average clips (:meth:`NoisyAverage.reclip`); (sum, clients if it had to be re-clipped else
+        0). ``norm`` is the sum's global L2 norm as the screening measured it (NaN: measured here)."""
         if plan.mask is not None:
             # The round's mask is public; whatever a client sent outside it is dropped.
             total = mech.apply_mask(total, plan.mask)
             norm = math.nan  # the masked sum is another vector
-        if not self.server_clips:
+        if self.noisy_average is None:
             return total, 0
-        # Never trust the client's clipping: the sensitivity bound C/m must hold for any reply. A cohort's worker
-        # re-clipped each client to C, so a sum of k such updates is within k·C.
-        total, was_reclipped = mech.reclip(total, clients * self.clip_norm, norm=None if math.isnan(norm) else norm)
-        return total, clients * int(was_reclipped)
+        return self.noisy_average.reclip(total, clients, norm)
 
     def canary_updates(self, plan: RoundPlan) -> list[tuple[int, list[np.ndarray]]]:
         """This round's canaries (``audit``) after the path a real client's update takes, then :meth:`admit`
@@ -113,38 +103,19 @@ class AggregationSteps:
 
     @property
     def server_clips(self) -> bool:
-        return self.private and self.placement.server_clips
+        """Whether the server clips every reply again (a private average under server placement)."""
+        return self.noisy_average is not None and self.noisy_average.placement.server_clips
 
     def combine(self, plan: RoundPlan, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
-        """Step 6: uniform sum over the fixed denominator m, then the pipeline's server steps (the server's share of
-        the noise, the noise's support, post-processing: :attr:`mechanisms`).
-
-        ``updates`` are client updates or cohort sums of them (their sum is the same); ``num_clients`` is the
-        number of client updates they hold.
-        """
-        if not self.private:
+        """Step 6: the released average of the round's ``updates`` (client updates or cohort sums of them) holding
+        ``num_clients`` client updates: the private one over the fixed m (:class:`NoisyAverage`), or the plain mean
+        of what arrived (the non-private references; Noisy-FedAvg, whose clients noise their models)."""
+        if self.noisy_average is None:
             return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
-        average = mech.uniform_average(updates, self.expected_clients, plan.shapes)
-        rng = plan.server_noise
-        if rng is None:
-            rng = self.noise_rng(plan.server_round, STREAM_SERVER_NOISE)
-        step = ServerStep(
-            noise_std=self.placement.server_noise_std(
-                self.noise_multiplier, self.clip_norm, self.expected_clients, num_clients
-            ),
-            rng=rng,
-            mask=plan.mask,
-            updates=updates,
-        )
-        return run_server_steps(self.mechanisms, average, step)
+        return self.noisy_average.average(plan, updates, num_clients)
 
     def draw_noise_ahead(self, plan: RoundPlan) -> None:
-        """Start drawing the round's server noise on a background thread (:class:`PrefetchedNormals`, the same
-        stream :meth:`combine` would draw from, so the same values): the run calls this when the round's first
-        reply is in, so the draw runs on the core that worker freed instead of after the last reply. Only where the
-        server adds noise whoever answers (server placement); idempotent."""
-        if plan.server_noise is not None or not self.private or self.placement.clients_add_noise:
-            return
-        if not any(isinstance(mechanism, GaussianNoise) for mechanism in self.mechanisms):
-            return
-        plan.server_noise = PrefetchedNormals(self.noise_rng(plan.server_round, STREAM_SERVER_NOISE), plan.shapes)
+        """Start drawing the round's server noise ahead, where a private average adds it whoever answers
+        (:meth:`NoisyAverage.draw_noise_ahead`)."""
+        if self.noisy_average is not None:
+            self.noisy_average.draw_noise_ahead(plan)

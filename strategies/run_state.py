@@ -83,7 +83,7 @@ class RunState:
         from them while the next round runs: strategies/observers.py)."""
         ledger = self.ledger.state_dict() if self.ledger is not None else {"accountant": None}
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
-        state = {**ledger, **optimizer_state, **self.clipping.state(), "releases_logged": self.releases.logged,
+        state = {**ledger, **optimizer_state, **self.clipping.state_dict(), "releases_logged": self.releases.logged,
                  "randomness": randomness_name(self.secure_noise)}  # fmt: skip
         arrays = dict(optimizer_arrays)
         if self.uses_previous_global:  # a second copy of the model in every checkpoint, only where a mask needs it
@@ -105,7 +105,7 @@ class RunState:
             self.ledger.load_state_dict(state)
         self.server_optimizer.load_state(state, arrays)
         # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
-        self.clipping.load_state(state)
+        self.clipping.load_state_dict(state)
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self.last_round_global = list(arrays.get("previous_global", []))
         stored = state.get("mechanisms", [{} for _ in self.mechanisms])

@@ -20,14 +20,13 @@ message (however many it lists, they count once), and a partition it carries no 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
-import numpy as np
 from flwr.app import Message, RecordDict
 
 from fl_app.instructions import COHORT_CLIENT_METRICS, CohortReply, FlowerReply, MalformedReply, is_cohort_reply
 from fl_app.partition_models import PartitionModelsReply, is_partition_models_reply
 from fl_app.privacy import mechanisms as mech
+from strategies.client_dp.updates import trained_update
 from strategies.rounds import Contribution, RoundPlan
 
 #: One result of screening a reply: the partitions it accounts for, and ("ok", :class:`Contribution`) or (kind,
@@ -125,25 +124,6 @@ def screen_flower_reply(plan: RoundPlan, content: RecordDict, ids: list[int]) ->
         return "malformed", "Flower-convention reply has a non-finite or negative pre_clip_norm"
     client = (ids[0], {**stats, "partition_id": float(ids[0])})
     return "ok", Contribution(total=update, clients=[client], norm=norm)
-
-
-def trained_update(
-    trained: Sequence[np.ndarray], global_weights: Sequence[np.ndarray]
-) -> tuple[str | None, list[np.ndarray], float]:
-    """The update Δ = trained − global of a reply that sent its trained model (Flower's convention, and every reply
-    :class:`strategies.flower_dp.ClientLevelDP` takes), in float64: (None, Δ, its global L2 norm), or the rejection
-    kind with no update: "shape" for other shapes or a non-floating dtype (the released model is floating and every
-    coordinate gets noise), "nonfinite" for NaN/Inf anywhere or finite entries whose norm overflows."""
-    shapes = [np.shape(g) for g in global_weights]
-    floating = all(np.issubdtype(np.asarray(t).dtype, np.floating) for t in trained)
-    if not (floating and mech.has_shapes(trained, shapes)):
-        return "shape", [], math.nan
-    with np.errstate(over="ignore", invalid="ignore"):  # inf − inf and overflows are screened just below
-        update = [np.subtract(t, g, dtype=np.float64) for t, g in zip(trained, global_weights, strict=True)]
-    kind, norm = mech.measure_update(update, shapes)
-    if kind is not None:
-        return kind, [], math.nan
-    return None, update, norm
 
 
 def screen_partition_models(plan: RoundPlan, content: RecordDict, ids: list[int]) -> list[Screened]:

@@ -6,7 +6,7 @@ once the run knows where it happens, instead of a mode string tested across the 
 - ``noisy``: only the fraction of clipped clients, through a Gaussian mechanism on the count (std σ_s, over the fixed
   denominator m like the update average), accounted jointly with the update: σ_joint = (σ⁻² + σ_s⁻²)^(−1/2)
   (:func:`fl_app.privacy.mechanisms.joint_noise_multiplier`). Under adaptive clipping the clip norm's own noisy
-  count (strategies/clipping.py) is that release, accounted there.
+  count (strategies/client_dp/clipping.py) is that release, accounted there.
 - ``none``: no client-derived value and no count; the counts go to the operator's ``operator_counts.jsonl``.
 - ``auto``: ``raw`` in simulation, ``none`` against a real SuperLink (strategies/settings.py resolves it).
 """

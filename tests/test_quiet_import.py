@@ -21,5 +21,5 @@ def test_opacus_alone_installs_a_root_handler() -> None:
 
 
 def test_the_accounting_leaves_the_root_logger_bare() -> None:
-    accounted = "from fl_app.privacy.accounting import compute_epsilon; compute_epsilon(0.95, 0.2, 3, 0.02, 'prv')"
+    accounted = "from fl_app.privacy.accountants import compute_epsilon; compute_epsilon(0.95, 0.2, 3, 0.02, 'prv')"
     assert _fresh(f"{accounted}; compute_epsilon(0.95, 0.2, 3, 0.02); {ROOT_HANDLERS}").split() == ["0", "30"]

@@ -12,7 +12,7 @@ from flwr.superlink.grid import InMemoryGrid
 from apps.server_app import run_federated
 from fl_app.checkpoint import resolve_resume
 from fl_app.config import ConfigError, compose_config, noise_stream_key
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from fl_app.releases import ReleaseLog
 from tests.helpers import FakeGrid
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)

@@ -23,7 +23,7 @@ from fl_app.config.overrides import (
     overrides_from_run_config,
     settings_overrides,
 )
-from fl_app.config.privacy import PrivacyConfig
+from fl_app.config.privacy import DPConfig
 from fl_app.config.readers import ConfigError, require
 from fl_app.config.server_optimizer import ServerOptimizerConfig
 from fl_app.config.simulation import SimulationConfig
@@ -49,11 +49,11 @@ __all__ = [
     "AuditConfig",
     "ClientConfig",
     "ConfigError",
+    "DPConfig",
     "DatasetConfig",
     "FaultInjectionConfig",
     "MaskedConfig",
     "ModelConfig",
-    "PrivacyConfig",
     "ServerOptimizerConfig",
     "SimulationConfig",
     "SparseConfig",

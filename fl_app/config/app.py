@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fl_app.config.audit import AuditConfig, _validate_audit
 from fl_app.config.faults import FaultInjectionConfig, _validate_faults
-from fl_app.config.privacy import PrivacyConfig, _check_adaptive_support, _check_placement_support, _validate_privacy
+from fl_app.config.privacy import DPConfig, _check_adaptive_support, _check_placement_support, _validate_privacy
 from fl_app.config.readers import ConfigError, _choice, _finite, _require
 from fl_app.config.server_optimizer import DEFAULT_SERVER_LR, ServerOptimizerConfig, _validate_server_optimizer
 from fl_app.config.simulation import SimulationConfig, _validate_simulation
@@ -44,7 +44,7 @@ class AppConfig:
     client: ClientConfig
     dataset: DatasetConfig
     model: ModelConfig
-    privacy: PrivacyConfig
+    privacy: DPConfig
     simulation: SimulationConfig
     # Frozen dataclasses, so immutable defaults (ruff sees that only in the module that defines them).
     fault_injection: FaultInjectionConfig = FaultInjectionConfig()  # noqa: RUF009

@@ -14,7 +14,7 @@ from typing import Any
 from fl_app.config.app import AppConfig, load_app_config
 from fl_app.config.audit import AuditConfig
 from fl_app.config.known_keys import check_override_keys
-from fl_app.config.privacy import PrivacyConfig
+from fl_app.config.privacy import DPConfig
 from fl_app.config.readers import ConfigError, _fail
 from fl_app.config.server_optimizer import ServerOptimizerConfig
 from fl_app.config.simulation import SimulationConfig
@@ -76,7 +76,7 @@ SETTING_SECTIONS: dict[str, type] = {
     "client": ClientConfig,
     "dataset": DatasetConfig,
     "model": ModelConfig,
-    "privacy": PrivacyConfig,
+    "privacy": DPConfig,
     "simulation": SimulationConfig,
     "audit": AuditConfig,
     "server_optimizer": ServerOptimizerConfig,

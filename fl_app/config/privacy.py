@@ -28,7 +28,9 @@ from fl_app.core.choices import (
 
 
 @dataclass(frozen=True)
-class PrivacyConfig:
+class DPConfig:
+    """The ``privacy`` section: client-level DP's settings (named apart from Flower's accounting ``PrivacyConfig``)."""
+
     clip_norm: float
     noise_multiplier: float
     sample_rate: float
@@ -72,10 +74,10 @@ def _validate_privacy(
     num_rounds: int = 1,
     samplings: tuple[str, ...] = AMPLIFIED_SAMPLINGS,
     strategy: str = "",
-) -> PrivacyConfig:
+) -> DPConfig:
     """The ``privacy`` section for a run of ``num_rounds`` rounds over ``num_clients`` clients, under a strategy
     (named ``strategy``) whose accounting admits the samplers ``samplings`` (``auto`` = the first of them)."""
-    _known_keys(section, PrivacyConfig, "privacy")
+    _known_keys(section, DPConfig, "privacy")
     p = "privacy"
     clip_norm = _number(section, "clip_norm", p)
     _require(clip_norm > 0, "privacy.clip_norm", clip_norm, "C > 0")
@@ -126,7 +128,7 @@ def _validate_privacy(
         placement,
         "server with sampling=poisson (client placement needs sampling=fixed, see docs/mechanisms.md, Noise)",
     )
-    return PrivacyConfig(
+    return DPConfig(
         clip_norm=clip_norm,
         noise_multiplier=sigma,
         sample_rate=q,
@@ -205,13 +207,13 @@ def _adaptive_clipping(section: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_adaptive_support(privacy: PrivacyConfig, strategy: type) -> None:
+def _check_adaptive_support(privacy: DPConfig, strategy: type) -> None:
     refusal = getattr(strategy, "adaptive_clipping_refusal", None)
     if privacy.clipping == "adaptive" and refusal is not None:
         raise _fail("privacy.clipping", "adaptive", f"fixed with this strategy: {refusal}")
 
 
-def _check_placement_support(privacy: PrivacyConfig, strategy: type) -> None:
+def _check_placement_support(privacy: DPConfig, strategy: type) -> None:
     refusal = getattr(strategy, "client_placement_refusal", None)
     if privacy.placement == "client" and refusal is not None:
         raise _fail("privacy.placement", "client", f"server with this strategy: {refusal}")

@@ -26,8 +26,8 @@ PARTICIPATION_SAMPLINGS: tuple[str, ...] = get_args(ParticipationSampling)
 FactorizationName = Literal["blt", "banded", "identity"]
 FACTORIZATIONS: tuple[str, ...] = get_args(FactorizationName)
 
-#: ``privacy.accountant``: Opacus RDP, Opacus PRV, dp_accounting PLD (fl_app/privacy/accounting.py): the methods that
-#: compose the sampled Gaussian mechanism (fl_app/privacy/accountants/sampled_gaussian.py).
+#: ``privacy.accountant``: Opacus RDP, Opacus PRV, dp_accounting PLD (fl_app/privacy/accountants/composition.py): the
+#: methods that compose the sampled Gaussian mechanism (fl_app/privacy/accountants/sampled_gaussian.py).
 AccountantName = Literal["rdp", "prv", "pld"]
 ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
 
@@ -36,11 +36,11 @@ ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
 RegisteredAccountant = Literal[AccountantName, "gdp", "flower-rdp"]
 REGISTERED_ACCOUNTANTS: tuple[str, ...] = get_args(RegisteredAccountant)
 
-#: ``privacy.placement``: where the round's Gaussian noise is added (strategies/placement.py).
+#: ``privacy.placement``: where the round's Gaussian noise is added (strategies/client_dp/placement.py).
 Placement = Literal["client", "server"]
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
 
-#: ``privacy.clipping``: a fixed C, or adaptive clipping's C_t (strategies/clipping.py).
+#: ``privacy.clipping``: a fixed C, or adaptive clipping's C_t (strategies/client_dp/clipping.py).
 Clipping = Literal["fixed", "adaptive"]
 CLIPPINGS: tuple[str, ...] = get_args(Clipping)
 

@@ -45,7 +45,7 @@ def count_noise_multiplier(clipped_count_stddev: float) -> float:
     return 2.0 * clipped_count_stddev
 
 
-def update_noise_multiplier(noise_multiplier: float, clipped_count_stddev: float) -> float:
+def update_share_of_joint(noise_multiplier: float, clipped_count_stddev: float) -> float:
     """σ_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2): the update's noise multiplier that leaves the joint release at z.
 
     z = 0 (no privacy) gives σ_Δ = 0. Raises ``ValueError`` when 2σ_b ≤ z: the count alone would spend more than z

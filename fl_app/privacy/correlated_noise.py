@@ -5,7 +5,7 @@ the momentum matrix for heavy-ball momentum) and a factorization A = B·C, the m
 A(x + C⁻¹z) with z_t ~ N(0, σ²C²/m² I) per round (Denisov et al. 2022; Choquette-Choo et al., NeurIPS 2023,
 arXiv 2306.08153, Eq. 1): the server adds the t-th row of C⁻¹z to round t's fixed-denominator average and its
 optimizer applies A. Its privacy is one Gaussian mechanism of sensitivity sens_Π(C) over the whole run under the
-participation rule Π (each client at most k times, at least b rounds apart): fl_app/privacy/accounting/
+participation rule Π (each client at most k times, at least b rounds apart): fl_app/privacy/accountants/
 matrix_factorization.py. Nothing is amplified by sampling, so the rule is what the server must enforce
 (fl_app/privacy/mechanisms/participation.py).
 
@@ -171,7 +171,7 @@ class CorrelatedNoise(Mechanism):
 
     def privacy_event(self, release: ReleaseParameters) -> PrivacyEvent:
         # One more row of the factorization released: the ledger's bound is the whole mechanism's μ after T rows
-        # (fl_app/privacy/accounting/matrix_factorization.py), not a composition of per-round events.
+        # (fl_app/privacy/accountants/matrix_factorization.py), not a composition of per-round events.
         return GDPEvent()
 
     def state_dict(self) -> dict[str, Any]:

@@ -20,10 +20,11 @@ docs/mechanisms.md, 2–4; docs/algorithms.md):
 * ``clip`` — DP-FTRL: :class:`Clip` only; the server's correlated noise
   (:class:`fl_app.privacy.correlated_noise.CorrelatedNoise`) follows as a server-only mechanism.
 
-Where the Gaussian noise goes (``privacy.placement``) is the server's :class:`~strategies.placement.Placement`: it
-sets the clients' share (:attr:`ClientStep.noise_std`, None in server placement) and the server's
-(:attr:`ServerStep.noise_std`). A new mechanism is one :class:`Mechanism` subclass; a new recipe is one
-:func:`register_recipe` call naming its steps (the kind travels on the wire, both sides build the same steps).
+Where the Gaussian noise goes (``privacy.placement``) is the server's
+:class:`~strategies.client_dp.placement.Placement`: it sets the clients' share (:attr:`ClientStep.noise_std`, None in
+server placement) and the server's (:attr:`ServerStep.noise_std`). A new mechanism is one :class:`Mechanism` subclass; a
+new recipe is one :func:`register_recipe` call naming its steps (the kind travels on the wire, both sides build the same
+steps).
 """
 
 from __future__ import annotations

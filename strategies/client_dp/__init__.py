@@ -1,6 +1,8 @@
 """Client-level DP's objects, held by every strategy that releases under it: :class:`PrivacyBudget` (what the
-releases spend, the budget guard) today; docs/architecture.md describes the layer."""
+releases spend, the budget guard) and :class:`NoisyAverage` (the released average: the server's clip, the fixed
+denominator, the noise); docs/architecture.md describes the layer."""
 
+from strategies.client_dp.average import NoisyAverage
 from strategies.client_dp.budget import PrivacyBudget
 
-__all__ = ["PrivacyBudget"]
+__all__ = ["NoisyAverage", "PrivacyBudget"]

@@ -13,7 +13,7 @@ from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedPro
 from flwr.serverapp.strategy.fedopt import FedOpt
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from fl_app.config import ConfigError, PrivacyConfig
+from fl_app.config import ConfigError, DPConfig
 from fl_app.config.privacy import _validate_privacy
 from fl_app.core.choices import AMPLIFIED_SAMPLINGS
 from fl_app.instructions import STREAM_SAMPLING, STREAM_SERVER_NOISE
@@ -106,7 +106,7 @@ def check_arguments(
     max_epsilon: object,
     secure: object,
     seed: object,
-) -> PrivacyConfig:
+) -> DPConfig:
     """The wrapper's arguments, validated: num_clients, secure and seed here (our strategies take them from other
     config sections); the privacy ones by the ``privacy`` config's own validator, so they follow our strategies'
     rules exactly (σ = 0 is accepted, ε is then ∞; ``delta=None`` is 1/M; ``sampling="auto"`` is Poisson;

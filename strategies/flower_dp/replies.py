@@ -18,9 +18,8 @@ from flwr.common.logger import log
 from flwr.serverapp import Grid
 
 from fl_app.privacy import mechanisms as mech
-from strategies.aggregation import REJECTION_KINDS
+from strategies.client_dp.updates import REJECTION_KINDS, trained_update
 from strategies.flower_dp.checks import UNIT_WEIGHT
-from strategies.screening import trained_update
 
 #: An accepted reply: the message it answers and its clipped update Δ̃ (float64, in the round's key order).
 Accepted = tuple[Message, list[np.ndarray]]
@@ -83,9 +82,9 @@ def screen_replies(
     planned: PlannedRound, replies: list[Message], clip_norm: float
 ) -> tuple[list[Accepted], Counter[str], int]:
     """(accepted (message, clipped update) pairs, rejections by kind, messages answered), in our strategies'
-    vocabulary (:data:`strategies.aggregation.REJECTION_KINDS`): an answer to no message of the round, from another
-    node than it went to, or to an already answered one, is malformed, as a reply of the wrong layout is; an error
-    reply is failed; the update is screened by :func:`strategies.screening.trained_update` (shape, nonfinite)."""
+    vocabulary (:data:`~strategies.client_dp.updates.REJECTION_KINDS`): an answer to no message of the round, from
+    another node than it went to, or to an already answered one, is malformed, as a reply of the wrong layout is; an
+    error reply is failed; the update is screened by :func:`~strategies.client_dp.updates.trained_update`."""
     sent = {m.metadata.message_id: m for m in planned.messages if m.metadata.message_id}
     answered: set[str] = set()
     rejected: Counter[str] = Counter()

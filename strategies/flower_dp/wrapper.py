@@ -55,7 +55,9 @@ from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger, accountant_name
 from fl_app.privacy.pipeline import mechanisms_for
 from strategies.client_dp import PrivacyBudget
-from strategies.clipping import FixedClipNorm
+from strategies.client_dp.clipping import FixedClipNorm
+from strategies.client_dp.randomness import RunRandomness
+from strategies.client_dp.releasing import RunReleases
 from strategies.flower_dp.checks import (
     NOISE_STREAM,
     SAMPLING_STREAM,
@@ -76,8 +78,6 @@ from strategies.flower_dp.replies import (
     screen_replies,
     with_unit_weight,
 )
-from strategies.randomness import RunRandomness
-from strategies.releasing import RunReleases
 
 __all__ = ["NOISE_STREAM", "SAMPLING_STREAM", "UNIT_WEIGHT", "ClientLevelDP"]
 

@@ -26,7 +26,7 @@ import pytest
 from bench.processes import stop_process_group
 from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, read_metrics
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from fl_app.privacy.mechanisms.participation import ParticipationRecord, ParticipationRule
 from strategies.statistics import CLIENT_DERIVED
 from tests.integration.deploy import Deployment, deployment, start_flwr_run

@@ -14,7 +14,7 @@ import pytest
 
 from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import read_metrics
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from fl_app.releases import ReleaseLog
 from tests.integration.conftest import resume_run, start_and_kill_when
 

@@ -14,7 +14,7 @@ import torch
 from bench.baseline import run_baseline
 from fl_app.config import compose_config
 from fl_app.metrics import ROUND_FIELDS, read_metrics
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from tests.integration.conftest import SMALL, flwr_run_simulation, kill_after_a_round_then_resume, run_hydra
 from tests.integration.test_first_screen import first_screen_problems
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.processes import ROOT, run_env
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -24,13 +24,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fl_app.core import choices
-from fl_app.privacy import accounting
+from fl_app.privacy import accountants as accounting
 from fl_app.privacy.accountants import (
     FlowerAccountant,
     GDPAccountant,
     GDPEvent,
     SampledGaussianAccountant,
     SampledGaussianEvent,
+    compute_epsilon,
     create_accountant,
     epsilon_after,
     gdp_privacy_config,
@@ -38,7 +39,6 @@ from fl_app.privacy.accountants import (
     register_accountant,
     registry,
 )
-from fl_app.privacy.accounting import compute_epsilon
 from fl_app.privacy.fdp import gdp_to_delta, gdp_to_epsilon, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, SampledGaussianLedger
 from tests.privacy.test_accounting import (
@@ -305,8 +305,8 @@ def test_state_dict_round_trip_and_todays_checkpoints() -> None:
     restored.load_state_dict(state)
     assert restored.num_releases == 170 and restored.get_epsilon(DELTA) == accountant.get_epsilon(DELTA)
 
-    # A checkpoint of today's accounting.PrivacyAccountant (no config), and one with population None (Poisson).
-    today = accounting.PrivacyAccountant("rdp", "poisson", POPULATION)
+    # A checkpoint of today's accounting.CompositionHistory (no config), and one with population None (Poisson).
+    today = accounting.CompositionHistory("rdp", "poisson", POPULATION)
     today.step(SIGMA, Q, 150)
     today.step(1.2, 0.05, 20)
     for old in (today.state_dict(), {**today.state_dict(), "population": None}):
@@ -314,7 +314,7 @@ def test_state_dict_round_trip_and_todays_checkpoints() -> None:
         loaded.load_state_dict(json.loads(json.dumps(old)))
         assert loaded.history == today.history and loaded.get_epsilon(DELTA) == today.get_epsilon(DELTA)
     # ... and today's class loads ours (a superset of its state).
-    assert accounting.PrivacyAccountant.from_state_dict(state).get_epsilon(DELTA) == accountant.get_epsilon(DELTA)
+    assert accounting.CompositionHistory.from_state_dict(state).get_epsilon(DELTA) == accountant.get_epsilon(DELTA)
 
     with pytest.raises(ValueError, match="saved for"):
         create_accountant("prv", POISSON).load_state_dict(state)
@@ -463,7 +463,7 @@ def test_the_ledger_holds_ours_and_loads_todays_checkpoint() -> None:
     ledger = SampledGaussianLedger(1e-3, "prv", "poisson", 1000)
     assert isinstance(ledger.accountant, SampledGaussianAccountant) and ledger.accountant.method == "prv"
     assert ledger.accountant.config == privacy_config(1e-3, "poisson", 1000)
-    today = accounting.PrivacyAccountant("prv", "poisson", 1000)
+    today = accounting.CompositionHistory("prv", "poisson", 1000)
     today.step(SIGMA, Q, 12)
     ledger.load_state_dict({"accountant": today.state_dict()})
     assert ledger.rounds == 12 and ledger.epsilon() == today.get_epsilon(1e-3)

@@ -1,4 +1,4 @@
-"""Tests for fl_app/privacy/accounting/: the pinned ε values of docs/mechanisms.md, 6 (Opacus 1.6 RDP/PRV,
+"""Tests for fl_app/privacy/accountants/: the pinned ε values of docs/mechanisms.md, 6 (Opacus 1.6 RDP/PRV,
 dp_accounting PLD and sampling without replacement), noise calibration and the stateful accountant's budget guard.
 """
 
@@ -13,8 +13,8 @@ import dp_accounting
 import dp_accounting.rdp
 import pytest
 
-from fl_app.privacy.accounting import (
-    PrivacyAccountant,
+from fl_app.privacy.accountants import (
+    CompositionHistory,
     calibrate_noise_multiplier,
     compute_epsilon,
     epsilon_from_history,
@@ -154,7 +154,7 @@ def test_calibration_rejects_unreachable_targets() -> None:
 
 
 def test_stepping_one_round_at_a_time_equals_compute_epsilon() -> None:
-    accountant = PrivacyAccountant()
+    accountant = CompositionHistory()
     assert accountant.get_epsilon(DELTA) == 0.0
     for _ in range(300):
         accountant.step(SIGMA, Q)
@@ -165,7 +165,7 @@ def test_stepping_one_round_at_a_time_equals_compute_epsilon() -> None:
 
 
 def test_fixed_accountant_steps_equal_compute_epsilon() -> None:
-    accountant = PrivacyAccountant(sampling="fixed", population=POPULATION)
+    accountant = CompositionHistory(sampling="fixed", population=POPULATION)
     accountant.step(SIGMA, Q, num_steps=300)
     assert accountant.get_epsilon(DELTA) == pytest.approx(
         compute_epsilon(SIGMA, Q, 300, DELTA, sampling="fixed", population=POPULATION), rel=1e-12
@@ -173,7 +173,7 @@ def test_fixed_accountant_steps_equal_compute_epsilon() -> None:
 
 
 def test_heterogeneous_segments_compose() -> None:
-    accountant = PrivacyAccountant()
+    accountant = CompositionHistory()
     accountant.step(SIGMA, Q, num_steps=100)
     accountant.step(2.0, Q, num_steps=200)
     accountant.step(2.0, Q)
@@ -184,7 +184,7 @@ def test_heterogeneous_segments_compose() -> None:
 
 
 def test_would_exceed_stops_exactly_before_the_crossing_round() -> None:
-    accountant = PrivacyAccountant()
+    accountant = CompositionHistory()
     accountant.step(SIGMA, Q, num_steps=99)
     eps_100 = compute_epsilon(SIGMA, Q, 100, DELTA)
     eps_101 = compute_epsilon(SIGMA, Q, 101, DELTA)
@@ -203,29 +203,29 @@ def test_would_exceed_stops_exactly_before_the_crossing_round() -> None:
 
 
 def test_state_dict_round_trip_through_json() -> None:
-    accountant = PrivacyAccountant()
+    accountant = CompositionHistory()
     accountant.step(SIGMA, Q, num_steps=150)
     accountant.step(1.2, 0.05, num_steps=20)
     state = json.loads(json.dumps(accountant.state_dict()))
-    restored = PrivacyAccountant()
+    restored = CompositionHistory()
     restored.load_state_dict(state)
     assert restored.steps == 170
     assert restored.get_epsilon(DELTA) == accountant.get_epsilon(DELTA)
-    assert PrivacyAccountant.from_state_dict(state).get_epsilon(DELTA) == accountant.get_epsilon(DELTA)
+    assert CompositionHistory.from_state_dict(state).get_epsilon(DELTA) == accountant.get_epsilon(DELTA)
     restored.step(1.2, 0.05)
     assert restored.history[-1] == (1.2, 0.05, 21)  # merges with the restored last segment
     with pytest.raises(ValueError):
-        PrivacyAccountant(accountant="prv").load_state_dict(state)
+        CompositionHistory(accountant="prv").load_state_dict(state)
     with pytest.raises(ValueError):
-        PrivacyAccountant(sampling="fixed", population=POPULATION).load_state_dict(state)
+        CompositionHistory(sampling="fixed", population=POPULATION).load_state_dict(state)
 
 
 def test_accountant_rejects_bad_configuration() -> None:
     with pytest.raises(ValueError):
-        PrivacyAccountant(sampling="fixed")
+        CompositionHistory(sampling="fixed")
     with pytest.raises(NotImplementedError):
-        PrivacyAccountant(accountant="pld", sampling="fixed", population=POPULATION)
-    accountant = PrivacyAccountant()
+        CompositionHistory(accountant="pld", sampling="fixed", population=POPULATION)
+    accountant = CompositionHistory()
     with pytest.raises(ValueError):
         accountant.step(-1.0, Q)
     with pytest.raises(ValueError):

@@ -15,7 +15,7 @@ from opacus.accountants import RDPAccountant
 
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from tests.helpers import train_message, with_norm
 from tests.strategies.conftest import task_identity  # flwr's Message() needs a task identity
 
@@ -99,8 +99,8 @@ def test_bits_are_computed_from_norms_and_must_be_binary():
     ("z", "sigma_b", "sigma_update"),
     [(0.95, 0.5, 3.0424349222966542), (1.0, 5.0, 1.005037815259212), (0.95, 2.5, 0.9676261913075563)],
 )
-def test_update_noise_multiplier_at_pinned_points(z, sigma_b, sigma_update):
-    assert adaptive.update_noise_multiplier(z, sigma_b) == pytest.approx(sigma_update, rel=1e-12)
+def test_update_share_of_joint_at_pinned_points(z, sigma_b, sigma_update):
+    assert adaptive.update_share_of_joint(z, sigma_b) == pytest.approx(sigma_update, rel=1e-12)
     assert adaptive.joint_noise_multiplier(sigma_update, sigma_b) == pytest.approx(z, rel=1e-12)
 
 
@@ -115,13 +115,13 @@ def test_the_joint_multiplier_is_that_of_one_gaussian_mechanism_on_the_pair():
 
 def test_a_count_noise_too_small_for_the_joint_multiplier_is_refused():
     with pytest.raises(ValueError, match="too small"):
-        adaptive.update_noise_multiplier(1.0, 0.5)  # 2σ_b = z: nothing left for the update
-    assert adaptive.update_noise_multiplier(0.0, 0.5) == 0.0  # no privacy asked for
+        adaptive.update_share_of_joint(1.0, 0.5)  # 2σ_b = z: nothing left for the update
+    assert adaptive.update_share_of_joint(0.0, 0.5) == 0.0  # no privacy asked for
 
 
 def test_epsilon_of_the_joint_release_is_opacus_at_the_joint_multiplier():
     """(z = 1.0, σ_b = 5, q = 0.1, T = 100, δ = 1e-5): the accountant composes z, and ε is Opacus' 7.8993."""
-    sigma_update = adaptive.update_noise_multiplier(1.0, 5.0)
+    sigma_update = adaptive.update_share_of_joint(1.0, 5.0)
     joint = adaptive.joint_noise_multiplier(sigma_update, 5.0)
     opacus = RDPAccountant()
     for _ in range(100):
@@ -181,7 +181,7 @@ def test_same_release_opposite_step_and_post_update_noise_against_flower(monkeyp
     sigma_b = adaptive.default_clipped_count_stddev(m)
     flower = _flower(z, m, c0, gamma, eta, None)  # type: ignore[arg-type]
     assert flower.clipped_count_stddev == pytest.approx(sigma_b, rel=1e-15)
-    assert flower.noise_multiplier == pytest.approx(adaptive.update_noise_multiplier(z, sigma_b), rel=1e-12)
+    assert flower.noise_multiplier == pytest.approx(adaptive.update_share_of_joint(z, sigma_b), rel=1e-12)
 
     global_weights = [np.zeros(s, dtype=np.float32) for s in SHAPES]
     norm_law = np.random.default_rng(11)
@@ -202,7 +202,7 @@ def test_same_release_opposite_step_and_post_update_noise_against_flower(monkeyp
         assert fraction == pytest.approx(flower_fraction, abs=1e-12)
         new_clip = adaptive.next_clip_norm(clip, fraction, gamma, eta)
         assert math.log(new_clip / clip) == pytest.approx(-math.log(flower_clip / clip), abs=1e-12)
-        our_std = mech.gaussian_noise_std(adaptive.update_noise_multiplier(z, sigma_b), clip, m, "server")
+        our_std = mech.gaussian_noise_std(adaptive.update_share_of_joint(z, sigma_b), clip, m, "server")
         assert flower_std == pytest.approx(flower.noise_multiplier * flower_clip / m, rel=1e-12)
         assert flower_std / our_std == pytest.approx(flower_clip / clip, rel=1e-12)
         clip = new_clip

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from flwr.app import ArrayRecord
 
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from fl_app.privacy.fdp import gdp_to_epsilon, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger, SampledGaussianLedger
 from strategies.dp_fedavg import DPFedAvg

@@ -1,5 +1,5 @@
 """Tests for DP-FTRL by matrix factorization: fl_app/privacy/mechanisms/matrix_factorization.py (BLT, banded Toeplitz,
-identity; streaming C⁻¹; optimisers) and fl_app/privacy/accounting/matrix_factorization.py (min-separation sensitivity,
+identity; streaming C⁻¹; optimisers) and fl_app/privacy/accountants/matrix_factorization.py (min-separation sensitivity,
 μ-GDP / (ε, δ) / ρ-zCDP bound, calibration).
 
 Reference data: tests/privacy/data/jax_privacy_reference.json, produced with jax-privacy 2.0.0 by
@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fl_app.privacy.accounting.matrix_factorization import (
+from fl_app.privacy.accountants.matrix_factorization import (
     MatrixFactorizationBound,
     brute_force_sensitivity,
     calibrate_matrix_factorization,

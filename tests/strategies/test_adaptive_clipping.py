@@ -13,7 +13,7 @@ from fl_app.config import ConfigError
 from fl_app.instructions import STREAM_ADAPTIVE_CLIP, TrainInstructions
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
+from fl_app.privacy.accountants import calibrate_noise_multiplier, compute_epsilon
 from strategies.statistics import CLIENT_DERIVED
 from tests.helpers import FakeGrid, build, delta, flat, prime, reply, with_norm, zeros
 
@@ -139,7 +139,7 @@ def test_a_clients_reported_norm_sets_only_its_own_bit():
 def test_the_joint_release_is_accounted_at_the_configured_multiplier():
     sigma, sigma_b, q, delta_ = 0.95, 0.8, 0.2, 1 / 50
     strategy = build(*ADAPTIVE, f"privacy.clipped_count_stddev={sigma_b}")
-    assert strategy.noise_multiplier == pytest.approx(adaptive.update_noise_multiplier(sigma, sigma_b), rel=1e-12)
+    assert strategy.noise_multiplier == pytest.approx(adaptive.update_share_of_joint(sigma, sigma_b), rel=1e-12)
     assert strategy.accounted_noise_multiplier == pytest.approx(sigma, rel=1e-12)
     strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=3)
     assert strategy.epsilon() == pytest.approx(compute_epsilon(sigma, q, 3, delta_), rel=1e-9)
@@ -153,7 +153,7 @@ def test_target_epsilon_calibrates_the_joint_multiplier():
     strategy = build(*ADAPTIVE, "num_rounds=20", "privacy.target_epsilon=4.0")
     joint = calibrate_noise_multiplier(4.0, 1 / 50, 0.2, 20, accountant="rdp", sampling="poisson", population=50)
     assert strategy.accounted_noise_multiplier == pytest.approx(joint, rel=1e-9)
-    assert strategy.noise_multiplier == pytest.approx(adaptive.update_noise_multiplier(joint, 0.5), rel=1e-12)
+    assert strategy.noise_multiplier == pytest.approx(adaptive.update_share_of_joint(joint, 0.5), rel=1e-12)
 
 
 def test_fixed_size_sampling_accounts_the_same_joint_multiplier():

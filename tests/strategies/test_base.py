@@ -23,7 +23,7 @@ from clients.recipes import privatize_update
 from fl_app.config import ConfigError, compose_config
 from fl_app.instructions import make_train_instructions
 from fl_app.metrics import MetricsWriter, read_metrics
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from strategies.base import FederatedStrategy
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam import DPFedSAM

@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord
 from fl_app.config import ConfigError
 from fl_app.metrics import CLIENT_COUNTS, OPERATOR_FILE, MetricsWriter, read_metrics
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting import calibrate_noise_multiplier, compute_epsilon
+from fl_app.privacy.accountants import calibrate_noise_multiplier, compute_epsilon
 from strategies.statistics import CLIENT_DERIVED
 from tests.helpers import FakeGrid, build, error_reply, prime, reply, with_norm, zeros
 

@@ -19,7 +19,7 @@ from fl_app.config import ConfigError, compose_config
 from fl_app.instructions import STREAM_SERVER_NOISE
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accountants import create_accountant, privacy_config
-from fl_app.privacy.accounting.matrix_factorization import matrix_factorization_bound
+from fl_app.privacy.accountants.matrix_factorization import matrix_factorization_bound
 from fl_app.privacy.correlated_noise import CorrelatedNoise
 from fl_app.privacy.fdp import gdp_to_epsilon
 from fl_app.privacy.mechanisms import matrix_factorization as mf

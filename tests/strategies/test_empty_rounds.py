@@ -9,7 +9,7 @@ import pytest
 from flwr.app import ArrayRecord, Error, Message
 
 from fl_app.empty_rounds import EmptyRoundWatch, NoUpdateAcceptedError
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from tests.helpers import FakeGrid, build, zeros
 
 SHAPES = [(4, 5), (5,)]

@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import Strategy
 from hydra.utils import get_class
 
 from fl_app.config import CONF_DIR, compose_config
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from strategies.base import FederatedStrategy
 from strategies.dp_fedsam import DPFedSAM
 from tests.helpers import FakeGrid, build, zeros

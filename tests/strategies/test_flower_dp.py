@@ -46,8 +46,7 @@ from fl_app.config import ConfigError
 from fl_app.empty_rounds import NoUpdateAcceptedError
 from fl_app.instructions import STREAM_SAMPLING, STREAM_SERVER_NOISE
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accountants import SampledGaussianEvent
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import SampledGaussianEvent, compute_epsilon
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import ReleaseLog, model_digest
 from strategies import DPFedAvg

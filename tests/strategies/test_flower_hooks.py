@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fl_app.config import ConfigError, compose_config
 from fl_app.models import build_model_for_dataset, get_weights
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from fl_app.releases import ReleaseLog, model_digest
 from strategies.base import FederatedStrategy
 from strategies.dp_fedavg import DPFedAvg

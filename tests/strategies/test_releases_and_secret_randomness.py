@@ -16,7 +16,7 @@ from fl_app.checkpoint import load_checkpoint
 from fl_app.config import ConfigError
 from fl_app.instructions import TrainInstructions
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, model_digest
 from tests.helpers import CrashInRound, FakeGrid, build, partition_of, push, random_update, zeros
 

@@ -14,8 +14,7 @@ from flwr.app import ArrayRecord
 
 from fl_app.checkpoint import load_checkpoint
 from fl_app.config import compose_config
-from fl_app.privacy.accountants import SampledGaussianEvent
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import SampledGaussianEvent, compute_epsilon
 from fl_app.privacy.pipeline import GaussianNoise, Mechanism, ReleaseParameters, ServerStep
 from strategies.dp_fedavg import DPFedAvg
 from tests.helpers import FakeGrid, random_update

@@ -13,7 +13,7 @@
 
 The two multipliers differ where the relation is replace-one (fixed-size sampling): replacing one client's clipped
 update moves the sum by up to 2C, so a run's σ is a dp_accounting multiplier of σ/2
-(:data:`~fl_app.privacy.accounting.REPLACE_ONE_SENSITIVITY_FACTOR`, docs/mechanisms.md "Fixed-size sampling").
+(:data:`~fl_app.privacy.accountants.REPLACE_ONE_SENSITIVITY_FACTOR`, docs/mechanisms.md "Fixed-size sampling").
 :func:`as_sampled_gaussian` and :func:`as_gaussian_privacy_event` convert between them; nothing else does.
 """
 
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from flwr.supercore.privacy_accounting import GaussianPrivacyEvent, NeighboringRelation, PrivacyConfig
 
-from fl_app.privacy.accounting import REPLACE_ONE_SENSITIVITY_FACTOR, fixed_sample_size
+from fl_app.privacy.accountants.checks import fixed_sample_size
+from fl_app.privacy.accountants.composition import REPLACE_ONE_SENSITIVITY_FACTOR
 
 __all__ = [
     "GDPEvent",

@@ -1,7 +1,7 @@
 """The sampled Gaussian mechanism of DP-FedAvg / DP-FedSAM behind Flower's ``PrivacyAccountant`` interface.
 
 :class:`SampledGaussianAccountant` composes the rounds' (σ, q) segments with the code of
-:mod:`fl_app.privacy.accounting` (docs/mechanisms.md, 6), which it holds and does not repeat:
+:mod:`fl_app.privacy.accountants` (docs/mechanisms.md, 6), which it holds and does not repeat:
 
 - Poisson sampling, add/remove-one adjacency: RDP of the Poisson-subsampled Gaussian (Mironov, Talwar, Zhang 2019,
   through Opacus' ``RDPAccountant`` orders and series; DP-FedSAM journal Thm 2), the PRV accountant of Gopi, Lee,
@@ -17,7 +17,7 @@ fractional order Opacus sums the binomial series of Mironov et al. with its sign
 absolute values (``_log_comb`` is log|binom(α, i)|), a larger, still valid bound; so where the optimal order is
 fractional Flower's ε is larger than ours by up to ~1% (tests/privacy/test_accountants.py pins both).
 
-``state_dict()`` is today's ``fl_app.privacy.accounting.PrivacyAccountant.state_dict()`` plus a ``config`` entry,
+``state_dict()`` is today's ``fl_app.privacy.accountants.CompositionHistory.state_dict()`` plus a ``config`` entry,
 so checkpoints written before this class load, and today's code loads this class's.
 """
 
@@ -35,8 +35,10 @@ from flwr.supercore.privacy_accounting import (
 )
 
 from fl_app.core.choices import AccountantName, Sampling
-from fl_app.privacy import accounting
+from fl_app.privacy.accountants.checks import Segment, fixed_sample_size
+from fl_app.privacy.accountants.composition import delta_from_history, epsilon_and_order_from_history
 from fl_app.privacy.accountants.events import SampledGaussianEvent, as_sampled_gaussian
+from fl_app.privacy.accountants.history import CompositionHistory
 from fl_app.privacy.accountants.interface import epsilon_limit, run_sampling
 
 __all__ = ["SampledGaussianAccountant"]
@@ -69,14 +71,14 @@ class SampledGaussianAccountant(PrivacyAccountant):
                 "RdpAccountant ('flower-rdp')"
             )
         self._config = config
-        # The (σ, q, rounds) history and its ε: fl_app/privacy/accounting.py (validates method and sampling).
-        self._composition = accounting.PrivacyAccountant(method, sampling, config.population_size)
+        # The (σ, q, rounds) history and its ε: fl_app/privacy/accountants/history.py (validates method and sampling).
+        self._composition = CompositionHistory(method, sampling, config.population_size)
 
     @classmethod
     @functools.cache
     def with_method(cls, method: AccountantName) -> type[SampledGaussianAccountant]:
         """The subclass whose accountants account by ``method`` (a registry entry: a name maps to a class)."""
-        accounting.PrivacyAccountant(method)  # an unknown method fails here, not at the first release
+        CompositionHistory(method)  # an unknown method fails here, not at the first release
         name = f"{method.upper()}SampledGaussianAccountant"
         return type(
             name,
@@ -108,13 +110,13 @@ class SampledGaussianAccountant(PrivacyAccountant):
         return self._composition.get_epsilon(delta)
 
     def get_delta(self, epsilon: float) -> float:
-        """δ(ε) of the releases so far (:func:`fl_app.privacy.accounting.delta_from_history`: direct for RDP and PLD,
+        """δ(ε) of the releases so far (:func:`fl_app.privacy.accountants.delta_from_history`: direct for RDP and PLD,
         a search over ε(δ) for PRV, ~2 s)."""
-        return accounting.delta_from_history(self.history, epsilon, self.method, self.sampling, self.population)
+        return delta_from_history(self.history, epsilon, self.method, self.sampling, self.population)
 
     def get_privacy_spent(self, delta: float | None = None) -> PrivacySpent:
         target = self._config.target_delta if delta is None else delta
-        epsilon, order = accounting.epsilon_and_order_from_history(
+        epsilon, order = epsilon_and_order_from_history(
             self.history, target, self.method, self.sampling, self.population
         )
         return PrivacySpent(
@@ -133,7 +135,7 @@ class SampledGaussianAccountant(PrivacyAccountant):
         return self.epsilon_after(event, count) > epsilon_limit(self._config, max_epsilon)
 
     def state_dict(self) -> dict[str, object]:
-        """JSON-serialisable: ``fl_app.privacy.accounting.PrivacyAccountant.state_dict()`` and ``config``."""
+        """JSON-serialisable: ``fl_app.privacy.accountants.CompositionHistory.state_dict()`` and ``config``."""
         config = self._config
         return {
             **self._composition.state_dict(),
@@ -147,7 +149,7 @@ class SampledGaussianAccountant(PrivacyAccountant):
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # type: ignore[override]
-        """Restore :meth:`state_dict`'s state, or the state of today's ``accounting.PrivacyAccountant`` (no
+        """Restore :meth:`state_dict`'s state, or the state of today's ``CompositionHistory`` (no
         ``config``; for Poisson sampling a saved population of None, which ε does not depend on, is accepted).
 
         Raises:
@@ -187,7 +189,7 @@ class SampledGaussianAccountant(PrivacyAccountant):
         return self._config.population_size
 
     @property
-    def history(self) -> list[accounting.Segment]:
+    def history(self) -> list[Segment]:
         """The (σ, q, rounds) segments composed so far, σ in the run's terms (noise std over C)."""
         return self._composition.history
 
@@ -209,7 +211,7 @@ class SampledGaussianAccountant(PrivacyAccountant):
             )
         sampled = as_sampled_gaussian(event, self._config.neighboring_relation)
         if self.sampling == "fixed":
-            accounting.fixed_sample_size(sampled.sample_rate, self.population)  # fail on the event, not on ε
+            fixed_sample_size(sampled.sample_rate, self.population)  # fail on the event, not on ε
         return sampled.noise_multiplier, sampled.sample_rate
 
     def __repr__(self) -> str:

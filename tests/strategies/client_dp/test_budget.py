@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from fl_app.instructions import RecipeSpec
-from fl_app.privacy.accountants import SampledGaussianEvent
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import SampledGaussianEvent, compute_epsilon
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.privacy.pipeline import Clip, mechanisms_for
 from fl_app.releases import Release, model_digest

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from flwr.serverapp.strategy import FedAdam, Strategy
 
-from fl_app.privacy.accounting import compute_epsilon
+from fl_app.privacy.accountants import compute_epsilon
 from strategies.flower_dp import UNIT_WEIGHT, logs, replies
 from tests.strategies.test_flower_dp import DELTA, SIGMA, ClientAppGrid, initial, wrapper
 

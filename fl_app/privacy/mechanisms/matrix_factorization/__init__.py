@@ -34,7 +34,7 @@ Objective (:func:`loss`), as in jax-privacy's ``LossFn.build_min_sep(error='mean
 
 the mean over rounds of the variance of the noise in the t-th iterate (per unit σ² and coordinate), scaled by the
 squared sensitivity under (k, b) participation: each client at most k times, any two participations ≥ b rounds apart
-(``fl_app.privacy.accounting.matrix_factorization.min_separation_sensitivity``). At a fixed privacy level the noise
+(``fl_app.privacy.accountants.matrix_factorization.min_separation_sensitivity``). At a fixed privacy level the noise
 std σ is proportional to the sensitivity, so the loss is the model's mean squared noise up to the common factor
 (σ/sens)².  For non-negative, non-increasing coefficients sens² is attained by participating in rounds 0, b, 2b, …
 (arXiv 2405.13763 Theorem 2, the result jax-privacy's ``toeplitz.minsep_sensitivity_squared`` cites); for banded

@@ -21,7 +21,7 @@ import numpy as np
 
 from fl_app.core.choices import AccountantName, AmplifiedSampling
 from fl_app.core.quiet_import import import_opacus
-from fl_app.privacy.accounting.checks import (
+from fl_app.privacy.accountants.checks import (
     Segment,
     _check_config,
     _check_delta,

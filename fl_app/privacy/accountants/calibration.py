@@ -8,8 +8,8 @@ import logging
 import math
 
 from fl_app.core.choices import AccountantName, AmplifiedSampling
-from fl_app.privacy.accounting.checks import _check_config, _check_delta, _check_segment
-from fl_app.privacy.accounting.composition import _MAX_BISECTIONS, epsilon_from_history
+from fl_app.privacy.accountants.checks import _check_config, _check_delta, _check_segment
+from fl_app.privacy.accountants.composition import _MAX_BISECTIONS, epsilon_from_history
 
 logger = logging.getLogger(__name__)
 

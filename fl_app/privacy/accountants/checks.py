@@ -2,7 +2,7 @@
 segment, and m = qM for fixed-size sampling.
 
 A :data:`Segment` is the (noise_multiplier σ, sample_rate q, number of rounds) triple every other module of
-:mod:`fl_app.privacy.accounting` composes.
+:mod:`fl_app.privacy.accountants` composes.
 """
 
 from __future__ import annotations

@@ -8,15 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from fl_app.core.choices import AccountantName, Sampling
-from fl_app.privacy.accounting.checks import Segment, _check_config, _check_segment, fixed_sample_size
-from fl_app.privacy.accounting.composition import epsilon_from_history
+from fl_app.privacy.accountants.checks import Segment, _check_config, _check_segment, fixed_sample_size
+from fl_app.privacy.accountants.composition import epsilon_from_history
 
 # ------------------------------------------------------------------------------------------------------------
 # Stateful accountant with budget guard
 # ------------------------------------------------------------------------------------------------------------
 
 
-class PrivacyAccountant:
+class CompositionHistory:
     """Running accountant over the rounds of one training run, in the style of Opacus' accountants.
 
     Keeps the history as (σ, q, rounds) segments, merging consecutive rounds with equal (σ, q), and recomputes
@@ -104,7 +104,7 @@ class PrivacyAccountant:
         self._history = history
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any]) -> PrivacyAccountant:
+    def from_state_dict(cls, state: Mapping[str, Any]) -> CompositionHistory:
         """A new accountant with the configuration and history of ``state``."""
         restored = cls(state["accountant"], state["sampling"], state["population"])
         restored.load_state_dict(state)

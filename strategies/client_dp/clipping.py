@@ -4,11 +4,11 @@
 Both answer the same questions for the round (``strategies/base.py``):
 
 - ``clip_norm``: C_t, what clients clip to, what the server re-clips to and scales the noise by;
-- ``update_noise_multiplier(z)``: the update's σ when ``z`` is the configured (or calibrated) multiplier of
+- ``update_share_of_joint(z)``: the update's σ when ``z`` is the configured (or calibrated) multiplier of
   everything the round releases — z itself for fixed C, σ_Δ = (z⁻² − (2σ_b)⁻²)^(−1/2) for adaptive C;
 - ``joint_noise_multiplier(σ)``: what the ledger composes for an update released with σ;
 - ``after_round(norms, m, rng)``: adaptive clipping releases the noisy clipped fraction and moves C (fixed: nothing);
-- ``claim()`` for ``run.json`` and ``state()`` / ``load_state()`` for checkpoints.
+- ``claim()`` for ``run.json`` and ``state_dict()`` / ``load_state_dict()`` for checkpoints (JSON).
 
 The math is :mod:`fl_app.privacy.adaptive_clipping`'s pure functions; this module only keeps C_t between rounds.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fl_app.config import PrivacyConfig
+from fl_app.config import DPConfig
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy import mechanisms as mech
 
@@ -31,7 +31,7 @@ class FixedClipNorm:
     def __init__(self, clip_norm: float) -> None:
         self.clip_norm = float(clip_norm)
 
-    def update_noise_multiplier(self, joint: float) -> float:
+    def update_share_of_joint(self, joint: float) -> float:
         return joint
 
     def joint_noise_multiplier(self, update: float) -> float:
@@ -43,10 +43,10 @@ class FixedClipNorm:
     def claim(self) -> dict[str, Any]:
         return {"mode": "fixed", "clip_norm": self.clip_norm}
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"clip_norm": self.clip_norm}
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.clip_norm = float(state.get("clip_norm", self.clip_norm))
 
 
@@ -63,9 +63,9 @@ class AdaptiveClipNorm:
         self.learning_rate = learning_rate
         self.count_stddev = count_stddev
 
-    def update_noise_multiplier(self, joint: float) -> float:
+    def update_share_of_joint(self, joint: float) -> float:
         """σ_Δ for a joint multiplier z (Thm. 1); ValueError unless 2σ_b > z."""
-        return adaptive.update_noise_multiplier(joint, self.count_stddev)
+        return adaptive.update_share_of_joint(joint, self.count_stddev)
 
     def joint_noise_multiplier(self, update: float) -> float:
         return adaptive.joint_noise_multiplier(update, self.count_stddev)
@@ -90,17 +90,17 @@ class AdaptiveClipNorm:
             "next_clip_norm": self.clip_norm,
         }
 
-    def state(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, Any]:
         return {"clip_norm": self.clip_norm}
 
-    def load_state(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.clip_norm = float(state.get("clip_norm", self.initial))
 
 
 ClipNorm = FixedClipNorm | AdaptiveClipNorm
 
 
-def clip_norm_for(privacy: PrivacyConfig, expected_clients: float, private: bool) -> ClipNorm:
+def clip_norm_for(privacy: DPConfig, expected_clients: float, private: bool) -> ClipNorm:
     """The run's clip norm object: adaptive clipping's when a private run asks for it (``privacy.clipping``), with
     the count's noise σ_b = ``privacy.clipped_count_stddev`` or m/20; else the fixed ``privacy.clip_norm``."""
     if not (private and privacy.clipping == "adaptive"):
