@@ -146,6 +146,22 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.observers = list(observers)
         #: Rounds completed by start() (a resumed run counts the rounds it ran).
         self.rounds_completed = 0
+        self._init_privacy(config)
+        opt = config.server_optimizer
+        #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
+        self.server_optimizer = ServerOptimizer(
+            opt.name, lr=config.strategy.server_lr, momentum=opt.momentum, beta2=opt.beta2, eps=opt.eps
+        )
+        self.population = Population(config.population, self.num_clients)
+        check_cohort_engine(self.config)
+        self._init_run_state(config)
+        if resume_from is not None:
+            # Before anything can read the guarantee (run.json's first write, a failure before the first round).
+            self._restore(resume_from)
+
+    def _init_privacy(self, config: AppConfig) -> None:
+        """Client-level DP's objects (strategies/client_dp/): m, σ, the clip norm, the placement, what is published
+        about clients, the budget and the noisy average, from ``config.privacy``."""
         privacy = config.privacy
         self.num_clients = config.dataset.num_clients
         if privacy.sampling == "fixed":
@@ -185,13 +201,11 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             )
         #: The released average of a private round (None: the plain mean of what arrived): :meth:`make_average`.
         self.noisy_average: NoisyAverage | None = self.make_average()
-        opt = config.server_optimizer
-        #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
-        self.server_optimizer = ServerOptimizer(
-            opt.name, lr=config.strategy.server_lr, momentum=opt.momentum, beta2=opt.beta2, eps=opt.eps
-        )
-        self.population = Population(config.population, self.num_clients)
-        check_cohort_engine(self.config)
+
+    def _init_run_state(self, config: AppConfig) -> None:
+        """What the run carries from round to round and resolves once: the round in flight, the releases, the
+        settings and randomness of where the run happens, the cohort size, the audit."""
+        privacy = config.privacy
         #: The global model the last aggregated round started from (cross-round state: Fed-SMP-topk's global mask is
         #: the top-k of the last global update; checkpointed as ``previous_global``).
         self.last_round_global: list[np.ndarray] = []
@@ -223,9 +237,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.cohort_size: CohortSize = 1 if size == "auto" or config.population != "virtual" else int(size)
         #: The run's canary audit (``audit``; created by prepare_run()).
         self.auditor: CanaryAuditor | None = None
-        if resume_from is not None:
-            # Before anything can read the guarantee (run.json's first write, a failure before the first round).
-            self._restore(resume_from)
 
     def resolve_settings(self, simulation: bool) -> None:
         """Resolve every setting that depends on where the run happens (strategies/settings.py), once, before
