@@ -220,7 +220,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.empty_rounds = EmptyRoundWatch(config.max_empty_rounds)
         #: The run's releases (strategies/client_dp/releasing.py): the write-ahead log in ``checkpoint_dir`` (none
         #: without one); seeded until resolve_settings() knows the run's randomness.
-        self.releases = RunReleases(self.checkpoint_dir, self.private, seeded=True)
+        self.releases = RunReleases(self.checkpoint_dir, self.budget is not None, seeded=True)
         #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
         self.run_settings: RunSettings | None = None
         #: The server's random sources (strategies/client_dp/randomness.py); until resolve_settings(), "auto" is the
@@ -302,7 +302,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
     def make_average(self) -> NoisyAverage | None:
         """A private round's average over the fixed m with the server's clip and noise (strategies/client_dp/
         average.py); None for the non-private references, whose server takes the mean of what arrived."""
-        if not self.private:
+        if self.budget is None:
             return None
         return NoisyAverage(
             self.mechanisms,
@@ -393,8 +393,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             recipe=self.client_recipe(),
             training=self.local_training(),
             clip_norm=self.client_clip_norm,
-            add_noise=self.private and self.placement.clients_add_noise,
-            noise_multiplier=self.noise_multiplier if self.private else 0.0,
+            add_noise=self.budget is not None and self.placement.clients_add_noise,
+            noise_multiplier=0.0 if self.budget is None else self.noise_multiplier,
             expected_clients=self.expected_clients,
             secure_noise=self.secure_noise,
         )
@@ -473,7 +473,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         outcome.published = self.published_statistics(server_round, outcome.stats)
         self.last_outcome = outcome
         if self.metrics is None:  # start() with a metrics writer prints its own line; any other loop gets this one
-            epsilon, delta = (self.epsilon(), self.config.privacy.delta) if self.private else (None, None)
+            epsilon, delta = (None, None) if self.budget is None else (self.epsilon(), self.config.privacy.delta)
             log(INFO, "Round %d released: %s", server_round, released_line(outcome.published, epsilon, delta))
 
     def round_released(self, plan: RoundPlan) -> None:

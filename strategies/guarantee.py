@@ -1,6 +1,7 @@
-"""What a run has spent and what it claims: the ledger (the accountant behind it), step 1's budget guard, step 7's
-release and its accounting, and the claim ``run.json`` states. A part of :class:`strategies.base.FederatedStrategy`
-(a mixin over its fields), kept apart so the round's skeleton reads on its own."""
+"""What a run claims: ``run.json``'s guarantee around its :class:`~strategies.client_dp.PrivacyBudget`'s (which holds
+the ledger, the budget guard and the accounting of each release), the mechanism's parameters, the statistics the
+run publishes, and the summary it logs. A part of :class:`strategies.base.FederatedStrategy` (a mixin over its
+fields), kept apart so the round's skeleton reads on its own."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE
 
 
 class Guarantee:
-    """The ledger, the budget guard, the release's accounting and the run's claims (strategies/base.py's fields)."""
+    """What the strategy states of its privacy: run.json's claim around its budget's, the summary it logs, the
+    statistics it publishes (strategies/base.py's fields; a private run is one that holds a budget)."""
 
     @property
     def noise_source(self) -> str:
-        if not self.private:
+        if self.budget is None:
             return "none"
         return self.randomness_source
 
@@ -54,9 +56,8 @@ class Guarantee:
 
     def dp_guarantee(self) -> dict[str, Any]:
         """The run's DP claim, as written into ``run.json``: the ledger's account, the mechanism's parameters."""
-        if not self.private:
+        if self.budget is None:
             return {"dp_guarantee": "none: non-private reference", "client_statistics": self.client_statistics_claim()}
-        assert self.budget is not None
         # A canary audit that contradicts the claim is stated with it, never left out.
         warning = None if self.auditor is None else self.auditor.warning()
         return {
@@ -170,18 +171,18 @@ class Guarantee:
             p.sample_rate,
             self.expected_clients,
         )
-        if self.private:
-            log(
-                INFO,
-                "\tC=%.4g sigma=%.4g placement=%s accountant=%s delta=%.3g noise=%s",
-                p.clip_norm,
-                self.noise_multiplier,
-                p.placement,
-                self.ledger.claim()["accountant"] if self.ledger is not None else p.accountant,
-                p.delta,
-                self.noise_source,
-            )
-        else:
+        if self.budget is None:
             log(INFO, "\tnon-private reference: no clipping, no noise")
-        if self.private and (reason := self.not_covered_reason()):
+            return
+        log(
+            INFO,
+            "\tC=%.4g sigma=%.4g placement=%s accountant=%s delta=%.3g noise=%s",
+            p.clip_norm,
+            self.noise_multiplier,
+            p.placement,
+            self.budget.ledger.claim()["accountant"],
+            p.delta,
+            self.noise_source,
+        )
+        if reason := self.not_covered_reason():
             log(WARNING, "The reported epsilon does NOT cover this run: %s", reason)

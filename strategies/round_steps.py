@@ -53,7 +53,7 @@ class AggregationSteps:
         average = self.combine(plan, updates, num_clients)
         new_weights = self.server_optimizer.step(plan.global_weights, average)
         stats = taken.statistics(self.clip_norm)
-        if self.private:
+        if self.budget is not None:
             stats["clip_norm"] = self.clip_norm
         if self.adaptive_clipping:
             # The aggregated clients' bits only: canaries and rejected clients have no part in m.
@@ -99,7 +99,7 @@ class AggregationSteps:
     @property
     def client_clip_norm(self) -> float:
         """C the client clips its update to (0 = no update clipping)."""
-        return self.clip_norm if self.private else 0.0
+        return 0.0 if self.budget is None else self.clip_norm
 
     @property
     def server_clips(self) -> bool:

@@ -219,7 +219,7 @@ def _observers(strategy: RoundLoop, num_rounds: int) -> list[RoundObserver]:
 
 def _round_record(strategy: RoundLoop, server_round: int, outcome: RoundOutcome) -> dict[str, Any]:
     """Step 8's record before evaluation: the statistics as published, the strategy's extras, the guarantee so far."""
-    private = strategy.private
+    private = strategy.budget is not None
     published = outcome.published
     record: dict[str, Any] = {"round": server_round, **published, **strategy.round_extras()}
     record["epsilon"] = strategy.epsilon() if private else None

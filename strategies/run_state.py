@@ -41,7 +41,7 @@ class RunState:
         the released models have that of T + 1). ``privacy.secure_noise=auto`` resolves by where the run happens
         (seeded on the simulation engine, the CSPRNG against a real SuperLink), so a run checkpointed on one and
         resumed on the other is refused here, before any message."""
-        if not self.private:
+        if self.budget is None:
             return
         logged = int(checkpoint.strategy_state.get("releases_logged", 0))
         made_with = {release.randomness for release in self.releases.log_since(logged)}
@@ -64,7 +64,7 @@ class RunState:
         return self.auditor.evaluate(server_round, *self._audit_epsilons())
 
     def _audit_epsilons(self) -> tuple[float | None, Any]:
-        epsilon = self.epsilon() if self.private else None
+        epsilon = None if self.budget is None else self.epsilon()
         return epsilon, (self.ledger.epsilon_at if self.ledger is not None else None)
 
     def finish_audit(self, checkpoint_dir: Path | None, num_rounds: int) -> None:
