@@ -63,7 +63,7 @@ def update_noise_multiplier(config: AppConfig, statistics: ClientStatistics, cli
             f"invalid config value privacy.clipped_count_stddev={clipping.count_stddev:.4g}: {exc}; "
             "raise it (2 * clipped_count_stddev must exceed the noise multiplier)"
         ) from exc
-    accounted = clipping.joint_noise_multiplier(sigma) if sigma != 0 else sigma
+    accounted = accounted_noise_multiplier(sigma, clipping, statistics)
     if sigma > 1.25 * accounted:
         log(
             WARNING,
