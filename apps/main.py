@@ -157,7 +157,7 @@ def preflight(config: AppConfig) -> None:
     accountant are set up (an unreachable target epsilon raises ValueError), missing data raises
     DatasetUnavailableError with the how-to message, and a Ray cluster to join that does not answer raises
     ConnectionError."""
-    from apps.server_app import build_strategy
+    from strategies.registry import build_strategy
 
     check_resources(config)
     build_strategy(config)
@@ -245,6 +245,10 @@ def _error_chain(exc: BaseException) -> str:
 def main(cfg: DictConfig) -> float:
     # Before Ray and Flower start their threads in this process (fl_app/allocator.py).
     limit_malloc_arenas()
+    # The strategies register their names, which the config is validated by (imported here, not at the top: a
+    # misspelt key on the command line is refused before this import's seconds).
+    import strategies.registry  # noqa: F401
+
     try:
         config = resolve_resume(load_app_config(cfg))
         preflight(config)

@@ -21,7 +21,6 @@ from flwr.app import ArrayRecord, Context
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Result
-from hydra.utils import get_class
 
 from apps.engine_watch import watching_the_engine
 from fl_app.allocator import limit_malloc_arenas
@@ -32,7 +31,7 @@ from fl_app.core.atomic import atomic_write
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, get_weights, weight_names
 from fl_app.threads import limit_library_threads
-from strategies.base import FederatedStrategy
+from strategies.registry import build_strategy
 from strategies.settings import is_simulation
 
 RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"
@@ -42,12 +41,6 @@ def default_output_dir(config: AppConfig) -> Path:
     base = Path(os.environ.get(RUNS_DIR_ENV, "runs"))
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     return (base / f"{stamp}-{config.strategy.name}").resolve()
-
-
-def build_strategy(config: AppConfig, **run: Any) -> FederatedStrategy:
-    """Instantiate the strategy class named by ``strategy._target_`` (validated in fl_app.config), with the
-    run's extras (metrics writer, checkpoint directory, checkpoint to resume, ``on_accounted``)."""
-    return get_class(config.strategy.target)(config, **run)
 
 
 def _save_model_atomic(path: Path, names: list[str], weights: list[np.ndarray]) -> None:

@@ -31,6 +31,7 @@ from fl_app.config import AppConfig, compose_config
 _LIMIT_CODE = r"""
 import json, sys, time
 import torch, torch.nn.functional as F
+import strategies  # registers the strategy names a config is validated by
 from fl_app.config import compose_config
 from fl_app.models import build_model_for_dataset, to_compute_layout
 from fl_app.allocator import keep_freed_memory

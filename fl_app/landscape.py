@@ -222,26 +222,12 @@ class LoadedRun:
 
 
 def _config_of(meta: dict[str, Any], run_dir: Path) -> dict[str, Any]:
-    """The run's config, validated through :func:`fl_app.config.validate` when the current code still accepts it.
-
-    ``run.json`` stores ``AppConfig.to_dict()``; :func:`validate` takes the composed form (``_target_`` instead of
-    ``target``), the one ``AppConfig.to_raw`` produces. A config an older version wrote may no longer validate; then
-    the few fields used here are read as they are, with a warning.
-    """
-    from fl_app.config import ConfigError, validate
-
+    """The run's config as ``run.json`` stores it (``AppConfig.to_dict()``, validated when the run wrote it): only its
+    seed, dataset and model are read here, fields every version of the config has carried."""
     config = meta.get("config")
     if not isinstance(config, dict):
         raise ValueError(f"{run_dir}/run.json has no config")
-    raw = json.loads(json.dumps(config))
-    strategy = raw.get("strategy")
-    if isinstance(strategy, dict) and "target" in strategy:
-        strategy["_target_"] = strategy.pop("target")
-    try:
-        return validate(raw).to_dict()
-    except ConfigError as exc:
-        print(f"warning: {run_dir}: the stored config no longer validates ({exc}); using it as is", file=sys.stderr)
-        return config
+    return config
 
 
 def load_run(run_dir: Path) -> LoadedRun:

@@ -11,7 +11,6 @@ import numpy as np
 from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.superlink.grid import InMemoryGrid
-from hydra.utils import get_class
 
 from fl_app.config import compose_config
 from fl_app.instructions import CohortReply
@@ -19,6 +18,7 @@ from fl_app.metrics import read_metrics
 from fl_app.node_queries import answer_query
 from fl_app.privacy.mechanisms import global_l2_norm
 from strategies.base import FederatedStrategy
+from strategies.registry import build_strategy
 from strategies.rounds import RoundPlan
 
 
@@ -64,7 +64,7 @@ def build(*overrides: str, **run) -> FederatedStrategy:
     if not any(o.startswith("allow_virtual_deployment=") for o in overrides):
         overrides = (*overrides, "allow_virtual_deployment=true")
     config = compose_config(list(overrides))
-    return get_class(config.strategy.target)(config, **run)
+    return build_strategy(config, **run)
 
 
 def prime(

@@ -32,6 +32,7 @@ from strategies.blur import BlurSparseConfig
 from strategies.dp_fedsam_topk import TopKConfig
 from strategies.fed_smp import RandKConfig, SMPTopKConfig
 from strategies.noisy import NoisyProxConfig
+from strategies.registry import build_strategy, strategy_class
 
 try:
     import tomllib
@@ -71,7 +72,6 @@ def test_default_config_composes_and_validates():
     config = compose_config([])
     assert isinstance(config, AppConfig)
     assert config.strategy.name == "dp_fedsam"
-    assert config.strategy.target == "strategies.dp_fedsam.DPFedSAM"
     assert config.strategy.server_lr == 1.0
     assert config.dataset.name == "fashion_mnist"
     assert config.dataset.num_clients == 500
@@ -111,8 +111,7 @@ def test_the_same_config_through_every_validation_entry():
 def test_every_strategy_group_option_composes(name):
     config = compose_config([f"strategy={name}"])
     assert config.strategy.name == name
-    module, _, cls = config.strategy.target.rpartition(".")
-    assert module.startswith("strategies.") and cls
+    assert strategy_class(name).config_name == name
 
 
 @pytest.mark.parametrize(
@@ -175,7 +174,7 @@ def test_valid_edge_values_are_accepted(overrides):
         (["dataset.partition=foo"], "dataset.partition", "dirichlet"),
         (["model.name=foo"], "model.name", "cnn, resnet18"),
         (["strategy.server_lr=0"], "strategy.server_lr", "> 0"),
-        (["strategy._target_=fl_app.config.AppConfig"], "strategy._target_", "FederatedStrategy"),
+        (["strategy.name=foo"], "strategy.name", "a registered strategy (dp_fedavg, "),
         (["simulation.client_gpus=2"], "simulation.client_gpus", "[0, 1]"),
         (["simulation.device=tpu"], "simulation.device", "auto, cpu, cuda"),
         (["num_rounds=0"], "num_rounds", "integer >= 1"),
@@ -267,8 +266,6 @@ def test_missing_group_is_rejected():
 
 @pytest.mark.parametrize("accountant", ["prv", "pld"])
 def test_fixed_sampling_with_unsupported_accountant_fails_at_validation(accountant):
-    from hydra.utils import get_class
-
     overrides = ["privacy.sampling=fixed", f"privacy.accountant={accountant}"]
     try:
         config = compose_config(overrides)
@@ -276,7 +273,7 @@ def test_fixed_sampling_with_unsupported_accountant_fails_at_validation(accounta
         assert "privacy.accountant" in str(exc)
         return
     # If validation accepts it, the run must be able to start with it.
-    get_class(config.strategy.target)(config)
+    build_strategy(config)
 
 
 @pytest.mark.parametrize(
@@ -433,7 +430,7 @@ def test_to_raw_round_trips_through_validate():
 def test_each_strategy_is_validated_for_its_own_settings_only(name: str, settings: type, fields: set[str]) -> None:
     config = compose_config([f"strategy={name}"])
     assert type(config.strategy) is settings
-    assert {f.name for f in dataclasses.fields(settings)} - {"name", "target"} == fields
+    assert {f.name for f in dataclasses.fields(settings)} - {"name"} == fields
     # A setting of another strategy is an unknown key here (it would be silently ignored otherwise).
     foreign = "+strategy.noise_std=0.1" if "noise_std" not in fields else "+strategy.sparsity=0.5"
     with pytest.raises(ConfigError, match="unknown"):
@@ -450,6 +447,18 @@ def test_a_stored_config_with_every_strategy_s_flat_settings_still_validates() -
         validate(legacy)
     assert validate(upgrade_stored_config(legacy)) == config
     assert upgrade_stored_config(raw) == raw
+
+
+@pytest.mark.parametrize("key", ["_target_", "target"])
+def test_a_stored_config_naming_its_strategy_class_validates_by_its_name(key: str) -> None:
+    """Checkpoints (``_target_``) and run.json files (``target``) written before strategies were registered by name
+    carry the class path beside the name: it is dropped, the name decides; a config of today carrying it is refused."""
+    config = compose_config(["strategy=dp_fedavg_blur"])
+    raw = config.to_raw()
+    stored = {**raw, "strategy": {**raw["strategy"], key: "strategies.blur.DPFedAvgBLUR"}}
+    with pytest.raises(ConfigError, match=f"unknown config key.*strategy.{key}"):
+        validate(stored)
+    assert validate(upgrade_stored_config(stored)) == config
 
 
 # ----- privacy.noise_stream: the run's noise key --------------------------------------------------------------------

@@ -30,6 +30,7 @@ import json, os, sys
 import ray
 from apps.local_ray import driver_pythonpath, start_local_ray
 from apps.main import backend_config
+import strategies  # registers the strategy names a config is validated by
 from fl_app.config import compose_config
 sys.path.append("/nonexistent/probe-entry")
 start_local_ray(backend_config(compose_config(["simulation.total_cpus=1"]))["init_args"])

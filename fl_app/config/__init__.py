@@ -6,9 +6,10 @@ bad values with one message that names the key and the allowed range, before Ray
 
 One idea a module: ``readers`` (:class:`ConfigError`, :func:`require` and the typed readers), one module a section
 (``strategy_settings``, ``training`` for client, dataset and model, ``privacy`` with the run's noise key,
-``simulation``, ``audit``, ``server_optimizer``, ``faults``), ``app`` (:class:`AppConfig`, :func:`validate`,
-:func:`load_app_config`) and ``overrides`` (run-config and keyword overrides, :func:`compose_config`); every name
-is imported from here.
+``simulation``, ``audit``, ``server_optimizer``, ``faults``), ``strategy_rules`` (what the strategy registered under
+a config's ``strategy.name`` checks; the config package never imports strategies), ``app`` (:class:`AppConfig`,
+:func:`validate`, :func:`load_app_config`) and ``overrides`` (run-config and keyword overrides,
+:func:`compose_config`); every name is imported from here.
 """
 
 from fl_app.config.app import NOISE_KEY_IGNORES, AppConfig, load_app_config, noise_stream_key, validate
@@ -27,14 +28,15 @@ from fl_app.config.privacy import DPConfig
 from fl_app.config.readers import ConfigError, require
 from fl_app.config.server_optimizer import ServerOptimizerConfig
 from fl_app.config.simulation import SimulationConfig
-from fl_app.config.strategy_settings import (
+from fl_app.config.strategy_rules import (
     LEGACY_STRATEGY_KEYS,
-    STRATEGY_BASE,
-    MaskedConfig,
-    SparseConfig,
-    StrategyConfig,
+    StrategyRules,
+    register_strategy_rules,
+    registered_strategy_names,
+    strategy_rules,
     upgrade_stored_config,
 )
+from fl_app.config.strategy_settings import MaskedConfig, SparseConfig, StrategyConfig
 from fl_app.config.training import ClientConfig, DatasetConfig, ModelConfig
 
 __all__ = [
@@ -44,7 +46,6 @@ __all__ = [
     "NOISE_KEY_IGNORES",
     "SCALAR_KEYS",
     "SETTING_SECTIONS",
-    "STRATEGY_BASE",
     "AppConfig",
     "AuditConfig",
     "ClientConfig",
@@ -58,12 +59,16 @@ __all__ = [
     "SimulationConfig",
     "SparseConfig",
     "StrategyConfig",
+    "StrategyRules",
     "compose_config",
     "load_app_config",
     "noise_stream_key",
     "overrides_from_run_config",
+    "register_strategy_rules",
+    "registered_strategy_names",
     "require",
     "settings_overrides",
+    "strategy_rules",
     "upgrade_stored_config",
     "validate",
 ]

@@ -18,7 +18,8 @@ from fl_app.config.privacy import DPConfig, _check_adaptive_support, _check_plac
 from fl_app.config.readers import ConfigError, _choice, _finite, _require
 from fl_app.config.server_optimizer import DEFAULT_SERVER_LR, ServerOptimizerConfig, _validate_server_optimizer
 from fl_app.config.simulation import SimulationConfig, _validate_simulation
-from fl_app.config.strategy_settings import StrategyConfig, _strategy_class, _validate_strategy
+from fl_app.config.strategy_rules import strategy_rules
+from fl_app.config.strategy_settings import StrategyConfig, _validate_strategy
 from fl_app.config.training import (
     ClientConfig,
     DatasetConfig,
@@ -27,7 +28,7 @@ from fl_app.config.training import (
     _validate_dataset,
     _validate_model,
 )
-from fl_app.core.choices import AMPLIFIED_SAMPLINGS, POPULATIONS, PopulationMode
+from fl_app.core.choices import POPULATIONS, PopulationMode
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,6 @@ class AppConfig:
     def to_raw(self) -> dict[str, Any]:
         """The composed-config form that :func:`validate` accepts (round trip: ``validate(c.to_raw()) == c``)."""
         raw = asdict(self)
-        raw["strategy"]["_target_"] = raw["strategy"].pop("target")
         raw["fault_injection"] = {k: list(v) for k, v in raw["fault_injection"].items()}
         return raw
 
@@ -88,17 +88,13 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         # Each SuperNode owns one partition and trains only it: a cohort of several would need other nodes' data.
         _require(simulation.cohort_size in (1, "auto"), "simulation.cohort_size", simulation.cohort_size,
                  "1 or 'auto' with population=nodes (one client per SuperNode)")  # fmt: skip
-    strategy = _validate_strategy(raw["strategy"])
-    strategy_class = _strategy_class(raw["strategy"])
+    rules = strategy_rules(raw["strategy"].get("name"))  # what the strategy registered under that name checks
+    strategy = _validate_strategy(raw["strategy"], rules.settings_class)
     privacy = _validate_privacy(
-        raw["privacy"],
-        dataset.num_clients,
-        _top_int(raw, "num_rounds", 1),
-        getattr(strategy_class, "samplings", AMPLIFIED_SAMPLINGS),
-        strategy.name,
+        raw["privacy"], dataset.num_clients, _top_int(raw, "num_rounds", 1), rules.samplings, strategy.name
     )
-    _check_adaptive_support(privacy, strategy_class)
-    _check_placement_support(privacy, strategy_class)
+    _check_adaptive_support(privacy, rules.adaptive_clipping_refusal)
+    _check_placement_support(privacy, rules.client_placement_refusal)
     # Configs stored before server optimizers existed (checkpoints) resume with the plain server step.
     server_optimizer = _validate_server_optimizer(raw.get("server_optimizer") or {"name": "sgd"})
     if strategy.server_lr is None:  # the server optimizer's own default step size
@@ -119,7 +115,7 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         privacy=privacy,
         simulation=simulation,
         fault_injection=_validate_faults(raw.get("fault_injection") or {}, dataset.num_clients),
-        audit=_validate_audit(raw.get("audit") or {}, strategy_class),
+        audit=_validate_audit(raw.get("audit") or {}, rules.audit_refusal),
         server_optimizer=server_optimizer,
         # Configs stored before the setting existed (checkpoints) resume with its default.
         max_empty_rounds=_top_int({"max_empty_rounds": 3, **raw}, "max_empty_rounds", 0),

@@ -41,7 +41,8 @@ class AuditConfig:
         return self.canaries > 0
 
 
-def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
+def _validate_audit(section: Mapping[str, Any], refusal: str | None) -> AuditConfig:
+    """The ``audit`` section; ``refusal`` is why the run's strategy cannot run canary clients (None = it can)."""
     _known_keys(section, AuditConfig, "audit")
     p = "audit"
     canaries = _integer(section, "canaries", p, 0) if "canaries" in section else 0
@@ -53,7 +54,6 @@ def _validate_audit(section: Mapping[str, Any], strategy: type) -> AuditConfig:
     _require(0.5 <= confidence < 1, "audit.confidence", confidence, "in [0.5, 1)")
     if canaries:
         _require(canaries >= 20, "audit.canaries", canaries, "0 (off) or >= 20 (half of them are the null)")
-        refusal = getattr(strategy, "audit_refusal", None)
         _require(refusal is None, "audit.canaries", canaries, f"0 with this strategy: {refusal}")
     bound_delta = section.get("lower_bound_delta")
     _require(bound_delta is None or (_finite(bound_delta) and 0 < float(bound_delta) < 1), "audit.lower_bound_delta",

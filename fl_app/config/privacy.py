@@ -207,14 +207,12 @@ def _adaptive_clipping(section: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _check_adaptive_support(privacy: DPConfig, strategy: type) -> None:
-    refusal = getattr(strategy, "adaptive_clipping_refusal", None)
+def _check_adaptive_support(privacy: DPConfig, refusal: str | None) -> None:
     if privacy.clipping == "adaptive" and refusal is not None:
         raise _fail("privacy.clipping", "adaptive", f"fixed with this strategy: {refusal}")
 
 
-def _check_placement_support(privacy: DPConfig, strategy: type) -> None:
-    refusal = getattr(strategy, "client_placement_refusal", None)
+def _check_placement_support(privacy: DPConfig, refusal: str | None) -> None:
     if privacy.placement == "client" and refusal is not None:
         raise _fail("privacy.placement", "client", f"server with this strategy: {refusal}")
 

@@ -1,30 +1,25 @@
 """The ``strategy`` section: :class:`StrategyConfig`, the settings every strategy has, and the shared settings of the
 sparsified methods (docs/algorithms.md) — a strategy's own settings class lives beside the strategy in
 strategies/ (its ``settings_class``), checking its own fields; validating the section against the settings class of
-the strategy that ``strategy._target_`` names; and the upgrade of a stored config's strategy section.
+the strategy registered under ``strategy.name`` (fl_app/config/strategy_rules.py).
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
-from fl_app.config.readers import _boolean, _fail, _integer, _known_keys, _number, _require, require
-
-#: Every strategy class named by ``strategy._target_`` derives from this one.
-STRATEGY_BASE = "strategies.base.FederatedStrategy"
+from fl_app.config.readers import _boolean, _integer, _known_keys, _number, _require, require
 
 
 @dataclass(frozen=True)
 class StrategyConfig:
-    """Every strategy's settings: its name, its class and the server's step size. A strategy with settings of its
+    """Every strategy's settings: its registered name and the server's step size. A strategy with settings of its
     own names a subclass below as its ``settings_class`` (strategies/); each subclass validates its own fields
     (:meth:`check`), so a strategy is validated for what it reads and nothing else."""
 
     name: str
-    target: str
     #: η of the server step; null = the server optimizer's default (fl_app/config/server_optimizer.py), resolved by
     #: :func:`fl_app.config.validate`.
     server_lr: float | None = None
@@ -60,59 +55,14 @@ class MaskedConfig(SparseConfig):
                 " | ".join(self.MASK_SOURCES))  # fmt: skip
 
 
-def _strategy_class(section: Mapping[str, Any]) -> type:
-    """The class ``strategy._target_`` names (checked by :func:`_validate_strategy`)."""
-    module_name, _, class_name = str(section.get("_target_")).rpartition(".")
-    return getattr(importlib.import_module(module_name), class_name)
-
-
-#: Keys every strategy's section carried while the settings were one flat class for all strategies: a config stored
-#: then (a checkpoint's) holds them all, at values its strategy did not read.
-LEGACY_STRATEGY_KEYS = (
-    "sparsity", "mask_source", "rescale", "blur_coef", "local_steps", "noisy_lr", "lr_schedule", "grad_clip",
-    "noise_std", "prox_coef", "smoothness",
-)  # fmt: skip
-
-
-def upgrade_stored_config(raw: Mapping[str, Any]) -> dict[str, Any]:
-    """A stored config (a checkpoint's) in today's form: the strategy section keeps only its strategy's own
-    settings of :data:`LEGACY_STRATEGY_KEYS` (the others were never read). Today's configs pass unchanged."""
-    upgraded = dict(raw)
-    section = dict(raw.get("strategy") or {})
-    try:
-        settings_class = getattr(_strategy_class(section), "settings_class", StrategyConfig)
-    except Exception:  # an unimportable target: validate() reports it
-        return upgraded
-    own = {f.name for f in fields(settings_class)}
-    upgraded["strategy"] = {k: v for k, v in section.items() if k in own or k not in LEGACY_STRATEGY_KEYS}
-    return upgraded
-
-
-def _validate_strategy(section: Mapping[str, Any]) -> StrategyConfig:
-    target = section.get("_target_")
-    _require(isinstance(target, str) and "." in target, "strategy._target_", target, "a dotted class path")
-    module_name, _, class_name = str(target).rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as exc:
-        raise _fail("strategy._target_", target, "an importable strategy class") from exc
-    # Checked by name along the MRO: importing strategies.base here would make this module and the strategy
-    # package import each other (they depend on this module, not the other way round).
-    _require(
-        isinstance(cls, type) and any(f"{c.__module__}.{c.__qualname__}" == STRATEGY_BASE for c in cls.__mro__),
-        "strategy._target_",
-        target,
-        "a subclass of strategies.base.FederatedStrategy",
-    )
-    settings_class = getattr(cls, "settings_class", StrategyConfig)
-    _known_keys(section, settings_class, "strategy", extra=("_target_",))
+def _validate_strategy(section: Mapping[str, Any], settings_class: type[StrategyConfig]) -> StrategyConfig:
+    """The section read as ``settings_class``, the settings of the strategy its ``name`` is registered under."""
+    _known_keys(section, settings_class, "strategy")
     p = "strategy"
-    name = section.get("name")
-    _require(isinstance(name, str) and bool(name), "strategy.name", name, "a non-empty string")
-    defaults = settings_class(name=str(name), target=str(target))
+    defaults = settings_class(name=str(section.get("name")))
     values: dict[str, Any] = {}
     for f in fields(settings_class):
-        if f.name in ("name", "target") or f.name not in section:
+        if f.name == "name" or f.name not in section:
             continue
         default = getattr(defaults, f.name)
         if isinstance(default, bool):

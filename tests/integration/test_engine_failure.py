@@ -38,6 +38,7 @@ def test_a_gpu_per_client_without_a_gpu_is_refused_before_ray_starts(short_tmp: 
 ENGINE_DIES = """
 import sys
 from pathlib import Path
+import strategies  # registers the strategy names a config is validated by
 from apps.main import run
 from fl_app.config import compose_config
 run(compose_config(sys.argv[2:]), Path(sys.argv[1]), progress=False)

@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message
-from hydra.utils import get_class
-from omegaconf import OmegaConf
 
 from clients.recipes import privatize_update
 from fl_app.config import CONF_DIR, ConfigError, compose_config
@@ -29,6 +27,7 @@ from strategies.base import FederatedStrategy
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
+from strategies.registry import build_strategy, strategy_class
 from strategies.rounds import RoundPlan
 from tests.helpers import (
     FakeGrid,
@@ -452,7 +451,7 @@ def test_noisy_fedprox_needs_prox_coef_above_smoothness():
     assert strategy.local_training().prox_coef == 2.0
     config = compose_config(["strategy=noisy_fedprox", "strategy.prox_coef=0.5"])  # α = 0.5 ≤ L = 1
     with pytest.raises(ValueError):
-        get_class(config.strategy.target)(config)
+        build_strategy(config)
 
 
 # ----- every preset -----------------------------------------------------------------------------------------------
@@ -469,12 +468,10 @@ def test_presets_found():
 def test_every_strategy_preset_composes_into_the_class_it_names(name):
     if name.startswith("noisy_"):
         noisy_bound_fn()
-    target = OmegaConf.load(Path(CONF_DIR) / "strategy" / f"{name}.yaml")["_target_"]
     config = compose_config([f"strategy={name}"])
     assert config.strategy.name == name
-    assert config.strategy.target == target
-    cls = get_class(target)
-    strategy = cls(config)
+    cls = strategy_class(name)
+    strategy = build_strategy(config)
     assert type(strategy) is cls
     assert isinstance(strategy, FederatedStrategy)
     assert isinstance(strategy.dp_guarantee()["dp_guarantee"], str)

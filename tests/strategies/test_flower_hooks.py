@@ -20,6 +20,7 @@ from fl_app.privacy.accountants import compute_epsilon
 from fl_app.releases import ReleaseLog, model_digest
 from strategies.base import FederatedStrategy
 from strategies.dp_fedavg import DPFedAvg
+from strategies.registry import build_strategy
 from tests.helpers import FakeGrid, InProcessGrid, build
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
@@ -37,9 +38,7 @@ def _initial(config) -> ArrayRecord:
 
 def _strategy(name: str, *extra: str, **run) -> FederatedStrategy:
     config = compose_config([f"strategy={name}", *SMALL, *extra])
-    from hydra.utils import get_class
-
-    return get_class(config.strategy.target)(config, **run)
+    return build_strategy(config, **run)
 
 
 @pytest.mark.parametrize("name", ["dp_fedavg", "dp_fedsam", "noisy_fedavg"])

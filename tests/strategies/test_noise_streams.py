@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord
-from hydra.utils import get_class
 
 from clients.recipes import privatize_update
 from fl_app.checkpoint import load_checkpoint, resolve_resume
 from fl_app.config import compose_config, noise_stream_key
 from fl_app.instructions import TrainInstructions
 from fl_app.releases import ReleaseLog
+from strategies.registry import build_strategy
 from tests.helpers import CrashInRound, FakeGrid, build, delta, flat, prime, random_update, reply, zeros
 
 SHAPES = [(20_000,), (20, 30)]
@@ -153,7 +153,7 @@ def test_a_per_run_resume_draws_its_noise_again_and_repeats_its_releases(tmp_pat
     config = resolve_resume(compose_config([f"resume={tmp_path}"]))
     assert config.resume == config.output_dir == str(tmp_path.resolve())
     assert noise_stream_key(config) == first.noise_key
-    resumed = get_class(config.strategy.target)(config, checkpoint_dir=tmp_path, resume_from=load_checkpoint(tmp_path))
+    resumed = build_strategy(config, checkpoint_dir=tmp_path, resume_from=load_checkpoint(tmp_path))
     resumed.start(FakeGrid(), initial, num_rounds=6)  # re-runs 4 and 5: refused if their models differed
     releases = ReleaseLog(tmp_path).read()
     assert [r.round for r in releases] == [1, 2, 3, 4, 5, 4, 5, 6]
