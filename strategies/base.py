@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
-from functools import cached_property
+from functools import cached_property, partial
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,7 +42,6 @@ from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config
 from fl_app.core.choices import AMPLIFIED_SAMPLINGS, LocalOptimizer
 from fl_app.empty_rounds import EmptyRoundWatch
 from fl_app.instructions import (
-    STREAM_SAMPLING,
     LocalTrainingConfig,
     NoisyLocalConfig,
     RecipeSpec,
@@ -64,6 +63,7 @@ from strategies.client_dp.clipping import ClipNorm, clip_norm_for
 from strategies.client_dp.placement import Placement, placement
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
+from strategies.client_dp.sampling import ClientSampler, client_sampler, log_refusals
 from strategies.cohorts import balance_cohorts, cohort_count, local_work
 from strategies.guarantee import Guarantee
 from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
@@ -168,6 +168,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             self.expected_clients = float(round(privacy.sample_rate * self.num_clients))
         else:
             self.expected_clients = mech.expected_clients(self.num_clients, privacy.sample_rate)
+        #: Who takes part in each round (strategies/client_dp/sampling.py): ``privacy.sampling``'s sampler.
+        self.sampler: ClientSampler = client_sampler(privacy, self.num_clients, self.expected_clients)
         self.noise_multiplier = privacy.noise_multiplier
         #: The last key word of the run's seeded noise streams (``privacy.noise_stream=per_run``), None = the seed's
         #: shared noise: :meth:`noise_rng`, and the clients' noise through the instructions.
@@ -344,22 +346,27 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         sampled Gaussian accountant, less a noisy count's share."""
         return update_noise_multiplier(self.config, self.statistics, self.clipping)
 
-    def sample(self, population: int, server_round: int, rng: mech.RandomSource) -> np.ndarray:
-        """Round ``server_round``'s sampler (docs/mechanisms.md, 1), for the real clients and the canaries alike."""
-        return self.randomness.sample(population, rng)
-
-    def sample_clients(self, server_round: int) -> np.ndarray:
-        # Secret when randomness is secure: amplification by subsampling assumes nobody can tell who took part.
-        return self.sample(self.num_clients, server_round, self.round_rng(server_round, STREAM_SAMPLING))
+    def sample_clients(self, server_round: int, grid: Grid | None = None) -> np.ndarray:
+        """Round ``server_round``'s clients, by the run's sampler (strategies/client_dp/sampling.py) from the clients
+        available on ``grid`` (all of them without one). Secret when randomness is secure: amplification by
+        subsampling assumes nobody can tell who took part."""
+        everyone = partial(range, self.num_clients)
+        available = everyone if grid is None else partial(self.population.available_clients, grid)
+        sample = self.sampler.sample_clients(server_round, self.randomness, available)
+        log_refusals(server_round, sample.refused, self.statistics.publishes_raw)
+        return sample.clients
 
     # ----- Flower Strategy interface ----------------------------------------------------------------------------
 
-    def plan_round(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None = None) -> RoundPlan:
-        """Steps 2-3: sample the round's clients and build their train messages (one per client, or one per cohort).
+    def plan_round(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None = None, grid: Grid | None = None
+    ) -> RoundPlan:
+        """Steps 2-3: sample the round's clients (among those available on ``grid``) and build their train messages
+        (one per client, or one per cohort).
 
         ``config`` (Flower's ``train_config``) is passed on to every client beside the instructions.
         """
-        sampled = [int(pid) for pid in self.sample_clients(server_round).tolist()]
+        sampled = [int(pid) for pid in self.sample_clients(server_round, grid).tolist()]
         return self.plan_for(server_round, arrays, sampled, config)
 
     def plan_for(
@@ -420,7 +427,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             self.stop_reason = reason
             log(WARNING, "Stopping before round %d: %s", server_round, reason)
             return []
-        plan = self.plan_round(server_round, arrays, config)
+        plan = self.plan_round(server_round, arrays, config, grid)
         self._in_flight = RoundInFlight(plan, self.receiver(plan), repeat)
         return plan.messages
 
@@ -465,7 +472,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             self.auditor.round_released(server_round, in_flight.plan.global_weights, outcome.new_weights)
         if self.budget is not None:
             self.releases.record(self.budget.release(server_round, outcome.new_weights, self.secure_noise))
-        self.round_released(in_flight.plan)
+        # Who was sent a message took part, whether or not it answered (the participation rule's record).
+        self.sampler.round_released(server_round, [pid for _, ids in in_flight.plan.sent for pid in ids])
         if self.budget is not None and not in_flight.repeat:
             self.budget.account()
         if self.on_accounted is not None:
@@ -475,11 +483,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         if self.metrics is None:  # start() with a metrics writer prints its own line; any other loop gets this one
             epsilon, delta = (None, None) if self.budget is None else (self.epsilon(), self.config.privacy.delta)
             log(INFO, "Round %d released: %s", server_round, released_line(outcome.published, epsilon, delta))
-
-    def round_released(self, plan: RoundPlan) -> None:
-        """Called once the round ``plan`` is released and logged, before it is accounted and checkpointed (and for a
-        seeded repeat of a logged round too): what a strategy records of who took part (DP-FTRL's participation
-        record)."""
 
     # ----- cohort mode --------------------------------------------------------------------------------------
 

@@ -7,8 +7,8 @@ The declarations of the strategies over the round skeleton (strategies/base.py):
 
 * **sampling** — ``privacy.sampling=cyclic`` (b groups of a secret-free random order taken in turn: each client
   every b rounds) or ``available`` (up to m of the clients available now, in deployment the connected SuperNodes'
-  clients); either way the server's :class:`ParticipationRecord` refuses a client that took part fewer than b rounds
-  ago or k times already, and is checkpointed.
+  clients); either way the server's participation record refuses a client that took part fewer than b rounds ago or
+  k times already, and is checkpointed (the run's sampler: strategies/client_dp/sampling.py).
 * **clients** clip Δ to C (recipe ``clip``); **the server** adds round t's row of σ·C⁻¹z (in units of C/m) to the
   fixed-denominator average (:class:`fl_app.privacy.correlated_noise.CorrelatedNoise`), and its optimizer is the
   workload the factorization was optimised for: ``server_optimizer=sgd`` (prefix sums) or ``momentum`` (β).
@@ -25,19 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from logging import INFO, WARNING
+from logging import INFO
 from typing import Any, ClassVar
 
-import numpy as np
-from flwr.app import ArrayRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid
 
 from fl_app.checkpoint import Checkpoint
 from fl_app.config import ConfigError, StrategyConfig, require
 from fl_app.core.choices import FACTORIZATIONS, PARTICIPATION_SAMPLINGS
-from fl_app.instructions import STREAM_PARTICIPATION_GROUPS, STREAM_SAMPLING, RecipeSpec
-from fl_app.privacy import mechanisms as mech
+from fl_app.instructions import RecipeSpec
 from fl_app.privacy.accountants.matrix_factorization import (
     MatrixFactorizationBound,
     calibrate_matrix_factorization,
@@ -46,15 +42,11 @@ from fl_app.privacy.accountants.matrix_factorization import (
 from fl_app.privacy.correlated_noise import CorrelatedNoise, Factorization
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
 from fl_app.privacy.mechanisms.participation import (
-    ParticipationRecord,
     ParticipationRule,
-    available_sample,
-    cyclic_groups,
-    cyclic_sample,
 )
 from fl_app.privacy.pipeline import Mechanism
 from strategies.base import FederatedStrategy
-from strategies.rounds import RoundPlan
+from strategies.client_dp.sampling import ParticipationSampler
 
 
 @dataclass(frozen=True)
@@ -91,71 +83,18 @@ class DPFTRLFedAvg(FederatedStrategy):
         "and cannot hold it, so the server adds it"
     )
 
-    # ----- participation ---------------------------------------------------------------------------------------
+    # ----- participation: the run's sampler (strategies/client_dp/sampling.py: ParticipationSampler) -----------
 
-    @cached_property
+    @property
+    def participation_sampler(self) -> ParticipationSampler:
+        """``privacy.sampling``'s sampler (cyclic or available), which enforces and records the participation rule."""
+        assert isinstance(self.sampler, ParticipationSampler)  # the config admits only PARTICIPATION_SAMPLINGS
+        return self.sampler
+
+    @property
     def rule(self) -> ParticipationRule:
         """The participation rule the accounting rests on and the server enforces (b, k from ``privacy``)."""
-        p = self.config.privacy
-        assert p.min_separation is not None and p.max_participations is not None
-        return ParticipationRule(p.min_separation, p.max_participations)
-
-    @cached_property
-    def participation(self) -> ParticipationRecord:
-        """Who took part in which round (checkpointed); a client the rule refuses is never sent a message."""
-        return ParticipationRecord(self.rule)
-
-    @cached_property
-    def groups_key(self) -> int:
-        """Keys the cyclic groups: the seed, or a CSPRNG draw under secure randomness (checkpointed). The privacy
-        does not need the groups secret (the bound is the worst case over every pattern the rule allows)."""
-        return self.randomness.secret_key()
-
-    def groups(self, population: int) -> np.ndarray:
-        """Each of ``population`` clients' cyclic group (b groups, sizes within one)."""
-        rng = mech.make_rng(int(self.groups_key), 0, STREAM_PARTICIPATION_GROUPS, population)
-        return cyclic_groups(population, self.rule.min_separation, rng)
-
-    def prepare_run(self, grid: Grid, initial_arrays: ArrayRecord, timeout: float | None = None) -> None:
-        self._grid = grid  # the deployment sampler asks it which SuperNodes are connected
-        super().prepare_run(grid, initial_arrays, timeout)
-
-    def sample(self, population: int, server_round: int, rng: mech.RandomSource) -> np.ndarray:
-        # The canaries follow the cyclic groups of their own population: every b rounds, within the rule.
-        return cyclic_sample(self.groups(population), server_round)
-
-    def sample_clients(self, server_round: int) -> np.ndarray:
-        """The round's clients under the rule: a cyclic group, or up to m of the available clients; any the record
-        refuses are dropped (and counted) before a message is sent."""
-        refused: dict[int, str] = {}
-        if self.config.privacy.sampling == "cyclic":
-            candidates = [int(c) for c in cyclic_sample(self.groups(self.num_clients), server_round)]
-        else:
-            # Every available client asks to train; the rule refuses those that took part too recently or too often.
-            grid = getattr(self, "_grid", None)
-            available = self.population.available_clients(grid) if grid is not None else range(self.num_clients)
-            rng = self.round_rng(server_round, STREAM_SAMPLING)
-            chosen, refused = available_sample(list(available), self.participation, server_round,
-                                               round(self.expected_clients), rng)  # fmt: skip
-            candidates = [int(c) for c in chosen]
-        eligible, also_refused = self.participation.split(candidates, server_round)
-        refused.update(also_refused)
-        #: Clients the participation rule refused this round (published: a function of the record, not of data).
-        self.refused_last_round = len(refused)
-        if refused and self.statistics.publishes_raw:
-            for client, reason in list(refused.items())[:5]:
-                log(WARNING, "Round %d: client %d refused by the participation rule: %s", server_round, client, reason)
-        elif refused:  # no partition named where nothing per client is published (docs/PRIVACY.md, 3)
-            log(INFO, "Round %d: %d client(s) refused by the participation rule", server_round, len(refused))
-        return np.asarray(sorted(eligible), dtype=np.int64)
-
-    def round_released(self, plan: RoundPlan) -> None:
-        # Every client sent a message took part (whether or not it answered); a seeded repeat of a round recorded
-        # before is not recorded twice.
-        clients = sorted({pid for _, ids in plan.sent for pid in ids})
-        new = [pid for pid in clients if plan.server_round not in self.participation.rounds_of(pid)]
-        if new:
-            self.participation.record(new, plan.server_round)
+        return self.participation_sampler.rule
 
     # ----- the factorization and its accounting ----------------------------------------------------------------
 
@@ -248,7 +187,8 @@ class DPFTRLFedAvg(FederatedStrategy):
     def round_extras(self) -> dict[str, Any]:
         assert isinstance(self.ledger, GDPLedger)
         mu = self.ledger.mu
-        return {"gdp_mu": mu, "zcdp_rho": mu * mu / 2, "participation_refused": getattr(self, "refused_last_round", 0)}
+        refused = self.participation_sampler.refused_last_round
+        return {"gdp_mu": mu, "zcdp_rho": mu * mu / 2, "participation_refused": refused}
 
     def mechanism_claim(self) -> dict[str, Any]:
         bound = self.privacy_bound(max(self.ledger.rounds if self.ledger else 0, 1))
@@ -274,20 +214,7 @@ class DPFTRLFedAvg(FederatedStrategy):
         log(INFO, "\tafter %d rounds: sensitivity %.4g, mu=%.4g-GDP => (%.4g, %.3g)-DP, rho=%.4g-zCDP",
             self.config.num_rounds, bound.sensitivity, bound.mu, bound.epsilon, bound.delta, bound.rho)  # fmt: skip
 
-    # ----- checkpoints -----------------------------------------------------------------------------------------
-
-    def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
-        state, arrays = super().state()
-        state["participation"] = self.participation.state_dict()
-        state["participation_key"] = int(self.groups_key)
-        return state, arrays
-
-    def load_state(self, state: dict[str, Any], arrays: dict[str, list[np.ndarray]]) -> None:
-        super().load_state(state, arrays)
-        if "participation" not in state or "participation_key" not in state:
-            raise ValueError("a DP-FTRL checkpoint holds its participation record and key")
-        self.participation.load_state_dict(state["participation"])
-        self.__dict__["groups_key"] = int(state["participation_key"])
+    # ----- resumes ---------------------------------------------------------------------------------------------
 
     def _restore(self, checkpoint: Checkpoint) -> None:
         logged = int(checkpoint.strategy_state.get("releases_logged", 0))

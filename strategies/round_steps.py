@@ -82,7 +82,7 @@ class AggregationSteps:
         if self.auditor is None:
             return []
         rng = self.round_rng(plan.server_round, STREAM_CANARY_SAMPLING)
-        joined = self.sample(self.auditor.canaries.count, plan.server_round, rng)
+        joined = self.sampler.sample(self.auditor.canaries.count, plan.server_round, rng, self.randomness)
         sent = self.auditor.updates(plan, joined, self.clip_norm, self.secure_noise, self.num_clients)
         return [(index, self.admit(plan, update)[0]) for index, update in sent]
 

@@ -85,6 +85,7 @@ class RunState:
         optimizer_state, optimizer_arrays = self.server_optimizer.state()
         state = {**ledger, **optimizer_state, **self.clipping.state_dict(), "releases_logged": self.releases.logged,
                  "randomness": randomness_name(self.secure_noise)}  # fmt: skip
+        state.update(self.sampler.state_dict(self.randomness))  # the participation rule's record and groups' key
         arrays = dict(optimizer_arrays)
         if self.uses_previous_global:  # a second copy of the model in every checkpoint, only where a mask needs it
             arrays["previous_global"] = list(self.last_round_global)
@@ -106,6 +107,7 @@ class RunState:
         self.server_optimizer.load_state(state, arrays)
         # Adaptive clipping's C for the round after the checkpoint (older checkpoints: the fixed C).
         self.clipping.load_state_dict(state)
+        self.sampler.load_state_dict(state)  # the participation rule's record and groups' key
         # The global model the checkpointed round started from: the "previous global" of the next round.
         self.last_round_global = list(arrays.get("previous_global", []))
         stored = state.get("mechanisms", [{} for _ in self.mechanisms])

@@ -111,7 +111,7 @@ def test_cyclic_rounds_enforce_the_rule_and_epsilon_is_the_bound_after_each_roun
     for server_round, clients in enumerate(grid.sent, start=1):
         assert len(clients) == 5
         record.record(clients, server_round)  # raises on any violation of the rule
-    assert strategy.participation == record and len(record) == 20
+    assert strategy.participation_sampler.record == record and len(record) == 20
     f = strategy.factorization
     bound = matrix_factorization_bound(f.toeplitz, 8, 8, 4, 2, strategy.noise_multiplier, strategy.config.privacy.delta)
     assert strategy.epsilon() == pytest.approx(bound.epsilon, rel=1e-12)
@@ -152,7 +152,8 @@ def test_a_seeded_resume_continues_the_noise_stream_bit_for_bit(
     checkpoint = load_checkpoint(directory)
     assert checkpoint.round == stop
     resumed = build(*overrides, checkpoint_dir=directory, resume_from=checkpoint)
-    assert resumed.participation == stopped.participation  # the record comes back with the buffers
+    # The record comes back with the buffers.
+    assert resumed.participation_sampler.record == stopped.participation_sampler.record
     rest = _run(resumed, 8)
     assert len(rest) == 8 - stop
     for a, b in zip(whole[-1], rest[-1], strict=True):
@@ -173,7 +174,7 @@ def test_the_available_sampler_refuses_clients_the_rule_does_not_allow() -> None
         assert len(clients) <= 3
         record.record(clients, server_round)
     assert sum(len(c) for c in grid.sent) <= 6 * 2  # no client more than k = 2 times
-    assert strategy.refused_last_round > 0
+    assert strategy.participation_sampler.refused_last_round > 0
 
 
 def test_a_seeded_run_of_dp_ftrl_differs_from_dp_fedavg_only_in_its_noise() -> None:
