@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
+from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ from strategies.client_dp import PrivacyBudget
 from strategies.client_dp.clipping import FixedClipNorm
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
+from strategies.client_dp.sampling import AmplifiedSampler
 from strategies.flower_dp.checks import (
     NOISE_STREAM,
     SAMPLING_STREAM,
@@ -163,6 +165,8 @@ class ClientLevelDP(Strategy):
         self.seed = int(seed)
         #: The sampler and the random sources, our strategies' (``privacy.noise_stream=shared`` for seeded noise).
         self.random = RunRandomness(self.secure, self.seed, None, self.sampling, self.sample_rate)
+        #: Who takes part (our strategies' sampler for Poisson and fixed-size sampling, over the M nodes).
+        self.sampler = AmplifiedSampler(self.num_clients)
         #: m = qM, the fixed denominator of every round's average, as our strategies take it: not rounded
         #: (docs/mechanisms.md, 3), but the whole number the fixed-size sampler draws under ``sampling="fixed"``.
         if self.sampling == "fixed":
@@ -291,7 +295,7 @@ class ClientLevelDP(Strategy):
             log(WARNING, "configure_train: stopping before the round: %s", self.stop_reason)
             return []
         draw = self.rounds_started + 1
-        positions = self.random.sample(self.num_clients, self.random.round_rng(draw, SAMPLING_STREAM))
+        positions = self.sampler.sample_clients(draw, self.random, partial(range, self.num_clients)).clients
         sampled = [node_ids[int(i)] for i in positions]
         # The inner strategy builds its messages for every node (fraction_train=1.0): its config, and its own state
         # (FedOpt's and FedAvgM's current arrays) follow the round; only the sampled nodes' messages are sent.
