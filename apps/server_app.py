@@ -25,12 +25,13 @@ from flwr.serverapp.strategy import Result
 from apps.engine_watch import watching_the_engine
 from fl_app.allocator import limit_malloc_arenas
 from fl_app.central_evaluation import central_evaluate_fn
-from fl_app.checkpoint import load_checkpoint, resolve_resume
+from fl_app.checkpoint import Checkpoint, load_checkpoint, resolve_resume
 from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
 from fl_app.core.atomic import atomic_write
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, get_weights, weight_names
 from fl_app.threads import limit_library_threads
+from strategies.base import FederatedStrategy
 from strategies.registry import build_strategy
 from strategies.settings import is_simulation
 
@@ -86,21 +87,7 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         resume_from=checkpoint,
         on_accounted=lambda s: run_file.update(status="running", **s.dp_guarantee()),
     )
-    run_file = RunFile(
-        output_dir / "run.json",
-        {
-            "config": config.to_dict(),
-            "strategy": type(strategy).__name__,
-            "status": "starting",
-            "started": dt.datetime.now().isoformat(timespec="seconds"),
-            # When the ServerApp began (seconds since the epoch; startup profiling in bench/).
-            "started_unix": started_unix,
-            "host": platform.node(),
-            "num_parameters": int(sum(w.size for w in initial)),
-        },
-    )
-    if checkpoint is not None:
-        run_file.meta["resumed_after_round"] = checkpoint.round
+    run_file = _new_run_file(output_dir, config, strategy, started_unix, initial, checkpoint)
     try:
         # Every "auto" setting (noise and sampling source, client statistics) before anything is written.
         strategy.resolve_settings(is_simulation(grid))
@@ -128,6 +115,40 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         metrics.close()
     final = result.arrays.to_numpy_ndarrays() if len(result.arrays) else initial
     _save_model_atomic(output_dir / "final_model.npz", weight_names(model), final)
+    _finish_run_file(run_file, strategy, result)
+    return result
+
+
+def _new_run_file(
+    output_dir: Path,
+    config: AppConfig,
+    strategy: FederatedStrategy,
+    started_unix: float,
+    initial: list[np.ndarray],
+    checkpoint: Checkpoint | None,
+) -> RunFile:
+    """run.json as the run starts: the config, the strategy, when and where, the model's size, the resume."""
+    run_file = RunFile(
+        output_dir / "run.json",
+        {
+            "config": config.to_dict(),
+            "strategy": type(strategy).__name__,
+            "status": "starting",
+            "started": dt.datetime.now().isoformat(timespec="seconds"),
+            # When the ServerApp began (seconds since the epoch; startup profiling in bench/).
+            "started_unix": started_unix,
+            "host": platform.node(),
+            "num_parameters": int(sum(w.size for w in initial)),
+        },
+    )
+    if checkpoint is not None:
+        run_file.meta["resumed_after_round"] = checkpoint.round
+    return run_file
+
+
+def _finish_run_file(run_file: RunFile, strategy: FederatedStrategy, result: Result) -> None:
+    """run.json as the run ends: stopped (by the budget guard) or completed, the last evaluation, the audit's
+    report and the guarantee of everything released."""
     evaluated = result.evaluate_metrics_serverapp
     final_metrics = dict(evaluated[max(evaluated)]) if evaluated else {}
     if (audit := strategy.audit_report()) is not None:
@@ -141,7 +162,6 @@ def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: boo
         **strategy.dp_guarantee(),
     )
     log(INFO, "Final: %s; %s", final_metrics, run_file.meta["dp_guarantee"])
-    return result
 
 
 def make_server_app(config: AppConfig, output_dir: Path, progress: bool | None = None) -> ServerApp:

@@ -57,6 +57,10 @@ class ServerOptimizer:
             parts.append(f"tau={self.eps:g}")
         return " ".join(parts)
 
+    def begin_round(self, server_round: int, arrays: object, grid: object) -> None:
+        """Nothing: the step needs only the weights and the average (Flower's steps need the round's model first:
+        strategies/flower_step.py)."""
+
     def step(self, weights: Sequence[np.ndarray], average: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The new weights after one step along ``average`` (Δ_t); each tensor keeps its dtype."""
         self.steps += 1

@@ -55,7 +55,6 @@ from fl_app.privacy.pipeline import (
     Mechanism,
     mechanisms_for,
 )
-from fl_app.server_optimizers import ServerOptimizer
 from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
 from strategies.client_dp import NoisyAverage, PrivacyBudget
@@ -63,8 +62,9 @@ from strategies.client_dp.clipping import ClipNorm, clip_norm_for
 from strategies.client_dp.placement import Placement, placement
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
-from strategies.client_dp.sampling import ClientSampler, client_sampler, log_refusals
+from strategies.client_dp.sampling import ClientSampler, client_sampler, fixed_denominator, log_refusals
 from strategies.cohorts import balance_cohorts, cohort_count, local_work
+from strategies.flower_step import server_step
 from strategies.guarantee import Guarantee
 from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
 from strategies.observers import RoundObserver
@@ -147,11 +147,9 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         #: Rounds completed by start() (a resumed run counts the rounds it ran).
         self.rounds_completed = 0
         self._init_privacy(config)
-        opt = config.server_optimizer
-        #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt).
-        self.server_optimizer = ServerOptimizer(
-            opt.name, lr=config.strategy.server_lr, momentum=opt.momentum, beta2=opt.beta2, eps=opt.eps
-        )
+        #: Step 6's last move, w ← step(w, average): post-processing of the released average (FedOpt: ours, or
+        #: Flower's own strategy's step, strategies/flower_step.py).
+        self.server_optimizer = server_step(config)
         self.population = Population(config.population, self.num_clients)
         check_cohort_engine(self.config)
         self._init_run_state(config)
@@ -164,10 +162,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         about clients, the budget and the noisy average, from ``config.privacy``."""
         privacy = config.privacy
         self.num_clients = config.dataset.num_clients
-        if privacy.sampling == "fixed":
-            self.expected_clients = float(round(privacy.sample_rate * self.num_clients))
-        else:
-            self.expected_clients = mech.expected_clients(self.num_clients, privacy.sample_rate)
+        #: m = qM, the fixed denominator of every round's average (strategies/client_dp/sampling.py).
+        self.expected_clients = fixed_denominator(privacy.sampling, privacy.sample_rate, self.num_clients)
         #: Who takes part in each round (strategies/client_dp/sampling.py): ``privacy.sampling``'s sampler.
         self.sampler: ClientSampler = client_sampler(privacy, self.num_clients, self.expected_clients)
         self.noise_multiplier = privacy.noise_multiplier
@@ -428,6 +424,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             log(WARNING, "Stopping before round %d: %s", server_round, reason)
             return []
         plan = self.plan_round(server_round, arrays, config, grid)
+        self.server_optimizer.begin_round(server_round, arrays, grid)
         self._in_flight = RoundInFlight(plan, self.receiver(plan), repeat)
         return plan.messages
 

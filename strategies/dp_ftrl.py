@@ -108,7 +108,8 @@ class DPFTRLFedAvg(FederatedStrategy):
             return float(opt.momentum)
         raise ConfigError(
             f"invalid config value server_optimizer.name={opt.name}: DP-FTRL needs sgd or momentum (the linear "
-            "workload its factorization is optimised for); adagrad/adam/yogi are not linear in the released noise"
+            "workload its factorization is optimised for); adagrad/adam/yogi are not linear in the released noise, "
+            "and Flower's steps (flower_*) are not the workload it was optimised for"
         )
 
     @cached_property

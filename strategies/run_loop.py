@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -76,16 +77,7 @@ def run_rounds(
     strategy.prepare_run(grid, initial_arrays, timeout)  # settings, nodes, audit: once
     train_config = ConfigRecord() if train_config is None else train_config
     result = Result()
-    arrays, first_round = initial_arrays, 1
-    if strategy.resume_from is not None:  # its state and owed releases were accounted when it was built
-        arrays = result.arrays = ArrayRecord(strategy.resume_from.weights)
-        first_round = strategy.resume_from.round + 1
-    else:
-        for observer in observers:
-            if isinstance(observer, Checkpointer):
-                observer.save(strategy, 0, initial_arrays.to_numpy_ndarrays())
-    if strategy.on_accounted is not None:
-        strategy.on_accounted(strategy)
+    arrays, first_round = _starting_point(strategy, initial_arrays, observers, result)
     # Flower's start() evaluates the initial model too; here after the first round's release (before that round's
     # own evaluation), so that the workers' start-up and first round do not wait for it: the same model and test
     # set, so the same result.
@@ -102,37 +94,83 @@ def run_rounds(
     try:
         for server_round in range(first_round, num_rounds + 1):
             t0 = time.perf_counter()
-            messages = list(strategy.configure_train(server_round, arrays, train_config, grid))
-            if strategy.stop_reason is not None:  # the budget guard (step 1)
+            released = _train_round(
+                strategy, server_round, arrays, train_config, grid, timeout, early_taking, completed
+            )
+            if released is None:  # the budget guard (step 1) stopped the run before this round
                 break
-            in_flight = strategy.round_in_flight
-            early = _EarlyReplies(strategy, in_flight, early_taking)
-            # The previous round's observers run as soon as this round's messages are out.
-            replies = send_and_receive(grid, messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush)
-            t_replies = time.perf_counter()
-            released, _ = strategy.aggregate_train(server_round, replies[early.count :])
-            outcome = strategy.last_outcome
-            if released is None or outcome is None:
-                raise RuntimeError(f"aggregate_train({server_round}) released no model")
-            t_aggregated = time.perf_counter()
-            arrays = result.arrays = released
+            arrays = result.arrays = released.arrays
             if initial_pending:
                 _evaluate_initial(evaluate_fn, initial_arrays, result)
                 initial_pending = False
-            record = _evaluated_record(strategy, server_round, num_rounds, outcome, evaluate_fn, result)
+            record = _evaluated_record(strategy, server_round, num_rounds, released.outcome, evaluate_fn, result)
             record["wall_time_s"] = time.perf_counter() - t0
             # Where the round's time went: sending + client training + receiving, then the server's aggregation.
-            record["clients_phase_s"] = t_replies - t0
-            record["aggregate_s"] = t_aggregated - t_replies
+            record["clients_phase_s"] = released.replies_at - t0
+            record["aggregate_s"] = released.aggregated_at - released.replies_at
             record["finished_unix"] = time.time()
             strategy.rounds_completed += 1
-            completed.add(server_round, outcome, record)
+            completed.add(server_round, released.outcome, record)
     finally:
         completed.flush()
     if initial_pending:  # no round ran (the budget guard stopped the first)
         _evaluate_initial(evaluate_fn, initial_arrays, result)
     strategy.finish_audit(strategy.checkpoint_dir, num_rounds)
     return result
+
+
+def _starting_point(
+    strategy: RoundLoop, initial_arrays: ArrayRecord, observers: list[RoundObserver], result: Result
+) -> tuple[ArrayRecord, int]:
+    """The model and the round the run starts from: the checkpoint's on a resume (its state and owed releases were
+    accounted when the strategy was built), else the initial model, checkpointed as round 0. run.json is told."""
+    arrays, first_round = initial_arrays, 1
+    if strategy.resume_from is not None:
+        arrays = result.arrays = ArrayRecord(strategy.resume_from.weights)
+        first_round = strategy.resume_from.round + 1
+    else:
+        for observer in observers:
+            if isinstance(observer, Checkpointer):
+                observer.save(strategy, 0, initial_arrays.to_numpy_ndarrays())
+    if strategy.on_accounted is not None:
+        strategy.on_accounted(strategy)
+    return arrays, first_round
+
+
+@dataclass(frozen=True)
+class _ReleasedRound:
+    """A round's released model, its outcome, and when its replies were in and its aggregation done."""
+
+    arrays: ArrayRecord
+    outcome: RoundOutcome
+    replies_at: float
+    aggregated_at: float
+
+
+def _train_round(
+    strategy: RoundLoop,
+    server_round: int,
+    arrays: ArrayRecord,
+    train_config: ConfigRecord,
+    grid: Grid,
+    timeout: float,
+    early_taking: bool,
+    completed: _CompletedRounds,
+) -> _ReleasedRound | None:
+    """Steps 1-7 of one round through Flower's hooks: configure_train, the grid (replies taken as they arrive where
+    ``early_taking``; the previous round's observers run once this round's messages are out), aggregate_train.
+    None when the budget guard stopped the run before the round."""
+    messages = list(strategy.configure_train(server_round, arrays, train_config, grid))
+    if strategy.stop_reason is not None:
+        return None
+    early = _EarlyReplies(strategy, strategy.round_in_flight, early_taking)
+    replies = send_and_receive(grid, messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush)
+    replies_at = time.perf_counter()
+    released, _ = strategy.aggregate_train(server_round, replies[early.count :])
+    outcome = strategy.last_outcome
+    if released is None or outcome is None:
+        raise RuntimeError(f"aggregate_train({server_round}) released no model")
+    return _ReleasedRound(released, outcome, replies_at, time.perf_counter())
 
 
 def _evaluated_record(

@@ -99,6 +99,9 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
     server_optimizer = _validate_server_optimizer(raw.get("server_optimizer") or {"name": "sgd"})
     if strategy.server_lr is None:  # the server optimizer's own default step size
         strategy = replace(strategy, server_lr=DEFAULT_SERVER_LR[server_optimizer.name])
+    _require(server_optimizer.name != "flower_fedavg" or strategy.server_lr == 1, "strategy.server_lr",
+             strategy.server_lr, "1 (or null) with server_optimizer=flower_fedavg: Flower's FedAvg takes the mean "
+             "itself, with no step size")  # fmt: skip
     return AppConfig(
         seed=_top_int(raw, "seed", 0),
         num_rounds=_top_int(raw, "num_rounds", 1),

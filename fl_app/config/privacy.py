@@ -85,23 +85,8 @@ def _validate_privacy(
     _require(sigma >= 0, "privacy.noise_multiplier", sigma, "sigma >= 0")
     q = _number(section, "sample_rate", p)
     _require(0 < q <= 1, "privacy.sample_rate", q, "q in (0, 1]")
-    sampling = _choice(section, "sampling", p, ("auto", *SAMPLINGS))
-    if sampling == "auto":
-        sampling = samplings[0]
-    # The accountant must be the one for the sampler that runs: a run whose sampler and accounting disagree does
-    # not start (the sampled Gaussian accountants amplify; DP-FTRL's rests on the enforced participation rule).
-    _require(sampling in samplings, "privacy.sampling", sampling,
-             f"{' | '.join(samplings)} (or auto) with strategy {strategy or '?'}: its accounting assumes one of "
-             "these samplers")  # fmt: skip
+    sampling = _sampling(section, q, num_clients, samplings, strategy)
     rule = _participation_rule(section, sampling, q, num_clients, num_rounds)
-    if sampling == "fixed":
-        m = q * num_clients
-        _require(
-            abs(m - round(m)) < 1e-9 and round(m) >= 1,
-            "privacy.sample_rate",
-            q,
-            f"q such that q * num_clients ({num_clients}) is a whole number >= 1 with sampling=fixed",
-        )
     delta = section.get("delta")
     if delta is None:
         delta = 1.0 / num_clients
@@ -110,24 +95,7 @@ def _validate_privacy(
     _require(max_eps is None or (_finite(max_eps) and max_eps > 0), "privacy.max_epsilon", max_eps, "> 0 or null")
     target = section.get("target_epsilon")
     _require(target is None or (_finite(target) and target > 0), "privacy.target_epsilon", target, "> 0 or null")
-    accountant = _choice(section, "accountant", p, ACCOUNTANTS)
-    # Opacus' PRV and dp_accounting's PLD have no event for sampling without replacement.
-    _require(
-        not (sampling == "fixed" and accountant != "rdp"),
-        "privacy.accountant",
-        accountant,
-        "rdp with sampling=fixed (prv and pld account Poisson sampling only)",
-    )
-    placement = _choice(section, "placement", p, PLACEMENTS)
-    # With Poisson sampling the total client-side noise variance n*sigma^2*C^2/m reveals the number of
-    # participants n (measurable to ~sqrt(2/d) over d coordinates); the sampled Gaussian accountant does not
-    # cover that, so client placement is only offered with fixed-size sampling, where n = m always.
-    _require(
-        not (placement == "client" and sampling == "poisson"),
-        "privacy.placement",
-        placement,
-        "server with sampling=poisson (client placement needs sampling=fixed, see docs/mechanisms.md, Noise)",
-    )
+    accountant, placement = _accountant_and_placement(section, sampling)
     return DPConfig(
         clip_norm=clip_norm,
         noise_multiplier=sigma,
@@ -148,6 +116,53 @@ def _validate_privacy(
         noise_stream=_noise_stream(section),
         **rule,
     )
+
+
+def _sampling(
+    section: Mapping[str, Any], q: float, num_clients: int, samplings: tuple[str, ...], strategy: str
+) -> str:
+    """``privacy.sampling`` (``auto`` = the strategy's first), one the strategy's accounting assumes; a fixed-size
+    sample of a whole number m = qM >= 1."""
+    sampling = _choice(section, "sampling", "privacy", ("auto", *SAMPLINGS))
+    if sampling == "auto":
+        sampling = samplings[0]
+    # The accountant must be the one for the sampler that runs: a run whose sampler and accounting disagree does
+    # not start (the sampled Gaussian accountants amplify; DP-FTRL's rests on the enforced participation rule).
+    _require(sampling in samplings, "privacy.sampling", sampling,
+             f"{' | '.join(samplings)} (or auto) with strategy {strategy or '?'}: its accounting assumes one of "
+             "these samplers")  # fmt: skip
+    if sampling == "fixed":
+        m = q * num_clients
+        _require(
+            abs(m - round(m)) < 1e-9 and round(m) >= 1,
+            "privacy.sample_rate",
+            q,
+            f"q such that q * num_clients ({num_clients}) is a whole number >= 1 with sampling=fixed",
+        )
+    return sampling
+
+
+def _accountant_and_placement(section: Mapping[str, Any], sampling: str) -> tuple[str, str]:
+    """``privacy.accountant`` and ``privacy.placement``, each as the sampler allows it."""
+    accountant = _choice(section, "accountant", "privacy", ACCOUNTANTS)
+    # Opacus' PRV and dp_accounting's PLD have no event for sampling without replacement.
+    _require(
+        not (sampling == "fixed" and accountant != "rdp"),
+        "privacy.accountant",
+        accountant,
+        "rdp with sampling=fixed (prv and pld account Poisson sampling only)",
+    )
+    placement = _choice(section, "placement", "privacy", PLACEMENTS)
+    # With Poisson sampling the total client-side noise variance n*sigma^2*C^2/m reveals the number of
+    # participants n (measurable to ~sqrt(2/d) over d coordinates); the sampled Gaussian accountant does not
+    # cover that, so client placement is only offered with fixed-size sampling, where n = m always.
+    _require(
+        not (placement == "client" and sampling == "poisson"),
+        "privacy.placement",
+        placement,
+        "server with sampling=poisson (client placement needs sampling=fixed, see docs/mechanisms.md, Noise)",
+    )
+    return accountant, placement
 
 
 def _participation_rule(

@@ -85,6 +85,11 @@ POPULATIONS: tuple[str, ...] = get_args(PopulationMode)
 #: ``server_optimizer.name``: the server's step along the released average (fl_app/server_optimizers.py).
 ServerOptimizerName = Literal["sgd", "momentum", "adagrad", "adam", "yogi"]
 SERVER_OPTIMIZERS: tuple[str, ...] = get_args(ServerOptimizerName)
+#: ``server_optimizer.name`` too: the step taken by Flower's own strategy of that name (strategies/flower_step.py).
+FlowerServerStepName = Literal[
+    "flower_fedavg", "flower_fedavgm", "flower_fedadagrad", "flower_fedadam", "flower_fedyogi"
+]
+FLOWER_SERVER_STEPS: tuple[str, ...] = get_args(FlowerServerStepName)
 
 #: ``model.name``: the model builders of fl_app/models.py (its ``MODELS`` registry has exactly these keys).
 ModelName = Literal["cnn", "resnet18"]

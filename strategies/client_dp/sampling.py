@@ -161,6 +161,14 @@ class ParticipationSampler:
         self.groups_key = int(state["participation_key"])
 
 
+def fixed_denominator(sampling: str, sample_rate: float, num_clients: int) -> float:
+    """m = qM, the fixed denominator of every round's average: not rounded (docs/mechanisms.md, 3), but the whole
+    number the fixed-size sampler draws under ``sampling="fixed"``."""
+    if sampling == "fixed":
+        return float(round(sample_rate * num_clients))
+    return mech.expected_clients(num_clients, sample_rate)
+
+
 def client_sampler(privacy: DPConfig, num_clients: int, expected_clients: float) -> ClientSampler:
     """The sampler ``privacy.sampling`` names (``auto`` was resolved by the config)."""
     if privacy.sampling in PARTICIPATION_SAMPLINGS:

@@ -59,7 +59,7 @@ from strategies.client_dp import PrivacyBudget
 from strategies.client_dp.clipping import FixedClipNorm
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
-from strategies.client_dp.sampling import AmplifiedSampler
+from strategies.client_dp.sampling import AmplifiedSampler, fixed_denominator
 from strategies.flower_dp.checks import (
     NOISE_STREAM,
     SAMPLING_STREAM,
@@ -167,31 +167,14 @@ class ClientLevelDP(Strategy):
         self.random = RunRandomness(self.secure, self.seed, None, self.sampling, self.sample_rate)
         #: Who takes part (our strategies' sampler for Poisson and fixed-size sampling, over the M nodes).
         self.sampler = AmplifiedSampler(self.num_clients)
-        #: m = qM, the fixed denominator of every round's average, as our strategies take it: not rounded
-        #: (docs/mechanisms.md, 3), but the whole number the fixed-size sampler draws under ``sampling="fixed"``.
-        if self.sampling == "fixed":
-            self.expected_clients = float(round(self.sample_rate * self.num_clients))
-        else:
-            self.expected_clients = mech.expected_clients(self.num_clients, self.sample_rate)
+        #: m = qM, the fixed denominator of every round's average, as our strategies take it.
+        self.expected_clients = fixed_denominator(self.sampling, self.sample_rate, self.num_clients)
         #: The per-coordinate std σC/m of the noise on the released average.
         self.noise_std = mech.gaussian_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, "server")
-        #: What the releases spend and the budget guard, as our strategies keep them: our ledger over ``accountant``
-        #: (a name or Flower's interface), composing the privacy events of our ``dense`` recipe's mechanisms (clip,
-        #: then Gaussian noise) for each release.
-        self.budget = PrivacyBudget(
-            SampledGaussianLedger(self.delta, accountant, self.sampling, self.num_clients),
-            mechanisms_for(RecipeSpec("dense")),
-            noise_multiplier=self.noise_multiplier,
-            sample_rate=self.sample_rate,
-            max_epsilon=self.max_epsilon,
-        )
+        #: What the releases spend and the budget guard, as our strategies keep them (:meth:`_budget`).
+        self.budget = self._budget(accountant)
         #: The accountant's name in dp_guarantee(): rdp, prv, pld, flwr-rdp for Flower's, else its class.
         self.accountant_name = accountant_name(self.budget.accountant)
-        if not isinstance(accountant, str):  # Flower's event needs σ > 0 and a whole m = qM: find out now
-            try:
-                self.budget.projected_epsilon()
-            except ValueError as exc:
-                raise ValueError(f"ClientLevelDP argument accountant={self.accountant_name}: {exc}") from None
         #: Why the budget guard stopped the run (None while it runs).
         self.stop_reason: str | None = None
         self.empty_rounds = EmptyRoundWatch(int(max_empty_rounds), "ClientLevelDP max_empty_rounds")
@@ -207,6 +190,28 @@ class ClientLevelDP(Strategy):
         #: Rounds this wrapper has started (sent a sample to): the key k of the seeded streams of the next is k + 1.
         self.rounds_started = 0
         self._round: PlannedRound | None = None
+        self._warn_of_settings()
+
+    def _budget(self, accountant: AccountantName | PrivacyAccountant) -> PrivacyBudget:
+        """Our ledger over ``accountant`` (a name or Flower's interface), composing the privacy events of our
+        ``dense`` recipe's mechanisms (clip, then Gaussian noise) for each release, and the budget guard."""
+        budget = PrivacyBudget(
+            SampledGaussianLedger(self.delta, accountant, self.sampling, self.num_clients),
+            mechanisms_for(RecipeSpec("dense")),
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=self.sample_rate,
+            max_epsilon=self.max_epsilon,
+        )
+        if not isinstance(accountant, str):  # Flower's event needs σ > 0 and a whole m = qM: find out now
+            try:
+                budget.projected_epsilon()
+            except ValueError as exc:
+                name = accountant_name(budget.accountant)
+                raise ValueError(f"ClientLevelDP argument accountant={name}: {exc}") from None
+        return budget
+
+    def _warn_of_settings(self) -> None:
+        """Say what the settings give up: no noise (σ = 0), or seeded randomness."""
         if self.noise_multiplier == 0:
             log(WARNING, "ClientLevelDP: noise_multiplier=0: the rounds are released without noise (epsilon = inf)")
         if not self.secure:
