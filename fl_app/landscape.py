@@ -34,7 +34,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from fl_app.core.choices import DEVICES
+from fl_app.landscape_plots import plot_1d, plot_2d
 from fl_app.models import evaluate
 
 __all__ = [
@@ -266,69 +267,13 @@ def _labels(runs: Sequence[LoadedRun]) -> list[str]:
     return labels
 
 
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_1d(alphas: np.ndarray, losses: np.ndarray, accs: np.ndarray, labels: Sequence[str], path: Path) -> Path:
-    plt = _pyplot()
-    fig, (ax_l, ax_a) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for loss, acc, label in zip(losses, accs, labels, strict=True):
-        ax_l.plot(alphas, loss, label=label)
-        ax_a.plot(alphas, 100 * acc, label=label)
-    ax_l.set_ylabel("test loss (cross-entropy)")
-    ax_a.set_ylabel("test accuracy (%)")
-    for ax in (ax_l, ax_a):
-        ax.set_xlabel("a  (w + a·d, filter-normalised d)")
-        ax.axvline(0.0, color="grey", linewidth=0.8, linestyle=":")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-    fig.suptitle("1-D loss landscape around the final global model")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def plot_2d(grid: np.ndarray, losses: np.ndarray, labels: Sequence[str], path: Path) -> Path:
-    """Contours side by side on one colour scale, so flatter basins are comparable at a glance."""
-    plt = _pyplot()
-    n = len(labels)
-    fig, axes = plt.subplots(1, n, figsize=(5 * n + 1.5, 4.8), squeeze=False, layout="constrained")
-    finite = losses[np.isfinite(losses)]
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    levels = np.linspace(lo, hi if hi > lo else lo + 1e-6, 25)
-    a, b = np.meshgrid(grid, grid, indexing="ij")
-    filled = None
-    for ax, surface, label in zip(axes[0], losses, labels, strict=True):
-        filled = ax.contourf(b, a, surface, levels=levels, cmap="viridis", extend="both")
-        lines = ax.contour(b, a, surface, levels=levels[::3], colors="white", linewidths=0.6)
-        ax.clabel(lines, fontsize=6, fmt="%.2f")
-        ax.plot([0], [0], marker="*", color="red", markersize=10)
-        ax.set_title(label)
-        ax.set_xlabel("b (d2)")
-        ax.set_ylabel("a (d1)")
-        ax.set_aspect("equal")
-    if filled is not None:
-        fig.colorbar(filled, ax=axes[0].tolist(), label="test loss")
-    fig.suptitle("2-D loss landscape (filter-normalised directions, shared colour scale)")
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m fl_app.landscape",
         description="Loss landscape around saved global models (Li et al. 2018 filter-normalised directions).",
@@ -346,8 +291,80 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--points must be odd and >= 3 (the centre is the saved model)")
     if args.span <= 0 or args.samples < 1:
         parser.error("--span must be > 0 and --samples >= 1")
+    return args
 
-    from fl_app.data.datasets import DatasetUnavailableError, load_dataset
+
+@dataclass
+class _Surfaces:
+    """Every run's surfaces on the grid: the 1-D losses and accuracies, the 2-D ones (unless skipped), summaries."""
+
+    losses_1d: list[np.ndarray] = field(default_factory=list)
+    accs_1d: list[np.ndarray] = field(default_factory=list)
+    losses_2d: list[np.ndarray] = field(default_factory=list)
+    accs_2d: list[np.ndarray] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _surfaces(runs: Sequence[LoadedRun], labels: Sequence[str], args: argparse.Namespace, grid: np.ndarray,
+              device: torch.device) -> _Surfaces:  # fmt: skip
+    """Each run's directions from the same generator seed, and its surfaces along them on its first test images."""
+    from fl_app.data.datasets import load_dataset
+
+    found = _Surfaces()
+    for run, label in zip(runs, labels, strict=True):
+        _, test = load_dataset(run.dataset, run.data_dir, download=run.download)
+        x, y = test.x[: args.samples], test.y[: args.samples]
+        generator = torch.Generator().manual_seed(args.seed)
+        d1 = filter_normalized_direction(run.model, generator)
+        d2 = filter_normalized_direction(run.model, generator)
+        center_loss, center_acc = evaluate(run.model, x, y, device)
+        l1, a1 = loss_surface_1d(run.model, d1, grid, x, y, device)
+        found.losses_1d.append(l1)
+        found.accs_1d.append(a1)
+        l2 = None
+        if not args.no_2d:
+            l2, a2 = loss_surface_2d(run.model, (d1, d2), grid, grid, x, y, device)
+            found.losses_2d.append(l2)
+            found.accs_2d.append(a2)
+        summary = sharpness_summary(grid, l1, l2, center_loss, center_acc)
+        found.summaries.append({"run_dir": str(run.path), "label": label, "strategy": run.strategy, **summary})
+        print(f"{label}: centre loss {center_loss:.4f} (acc {center_acc:.4f}), max 1-D increase "
+              f"{summary['max_increase_1d']:.4f}", file=sys.stderr)  # fmt: skip
+    return found
+
+
+def _write(out_dir: Path, runs: Sequence[LoadedRun], labels: list[str], grid: np.ndarray, found: _Surfaces,
+           info: dict[str, Any]) -> list[str]:  # fmt: skip
+    """landscape.npz, landscape.json and the plots (skipped without matplotlib) in ``out_dir``; the names written."""
+    arrays: dict[str, np.ndarray] = {
+        "alphas": grid,
+        "labels": np.array(labels),
+        "run_dirs": np.array([str(r.path) for r in runs]),
+        "center_loss": np.array([s["center_loss"] for s in found.summaries]),
+        "losses_1d": np.stack(found.losses_1d),
+        "accuracies_1d": np.stack(found.accs_1d),
+    }
+    if found.losses_2d:
+        arrays.update(betas=grid, losses_2d=np.stack(found.losses_2d), accuracies_2d=np.stack(found.accs_2d))
+    np.savez(out_dir / "landscape.npz", **arrays)  # type: ignore[arg-type]
+    (out_dir / "landscape.json").write_text(json.dumps({**info, "runs": found.summaries}, indent=2) + "\n")
+    written = ["landscape.npz", "landscape.json"]
+    try:
+        plot_1d(grid, arrays["losses_1d"], arrays["accuracies_1d"], labels, out_dir / "landscape_1d.png")
+        written.append("landscape_1d.png")
+        if found.losses_2d:
+            plot_2d(grid, arrays["losses_2d"], labels, out_dir / "landscape_2d.png")
+            written.append("landscape_2d.png")
+        else:  # do not leave an earlier 2-D plot next to this run's data
+            (out_dir / "landscape_2d.png").unlink(missing_ok=True)
+    except ImportError as exc:
+        print(f"warning: plots skipped ({exc}); install matplotlib", file=sys.stderr)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    from fl_app.data.datasets import DatasetUnavailableError
 
     try:
         runs = [load_run(d) for d in args.run_dirs]
@@ -359,46 +376,11 @@ def main(argv: list[str] | None = None) -> int:
     labels = _labels(runs)
     out_dir: Path = args.out or args.run_dirs[0] / "landscape"
     out_dir.mkdir(parents=True, exist_ok=True)
-
-    losses_1d, accs_1d, losses_2d, accs_2d, summaries = [], [], [], [], []
-    for run, label in zip(runs, labels, strict=True):
-        try:
-            _, test = load_dataset(run.dataset, run.data_dir, download=run.download)
-        except DatasetUnavailableError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 1
-        x, y = test.x[: args.samples], test.y[: args.samples]
-        generator = torch.Generator().manual_seed(args.seed)
-        d1 = filter_normalized_direction(run.model, generator)
-        d2 = filter_normalized_direction(run.model, generator)
-        center_loss, center_acc = evaluate(run.model, x, y, device)
-        l1, a1 = loss_surface_1d(run.model, d1, grid, x, y, device)
-        losses_1d.append(l1)
-        accs_1d.append(a1)
-        l2 = None
-        if not args.no_2d:
-            l2, a2 = loss_surface_2d(run.model, (d1, d2), grid, grid, x, y, device)
-            losses_2d.append(l2)
-            accs_2d.append(a2)
-        summary = sharpness_summary(grid, l1, l2, center_loss, center_acc)
-        summaries.append({"run_dir": str(run.path), "label": label, "strategy": run.strategy, **summary})
-        print(
-            f"{label}: centre loss {center_loss:.4f} (acc {center_acc:.4f}), "
-            f"max 1-D increase {summary['max_increase_1d']:.4f}",
-            file=sys.stderr,
-        )
-
-    arrays: dict[str, np.ndarray] = {
-        "alphas": grid,
-        "labels": np.array(labels),
-        "run_dirs": np.array([str(r.path) for r in runs]),
-        "center_loss": np.array([s["center_loss"] for s in summaries]),
-        "losses_1d": np.stack(losses_1d),
-        "accuracies_1d": np.stack(accs_1d),
-    }
-    if losses_2d:
-        arrays.update(betas=grid, losses_2d=np.stack(losses_2d), accuracies_2d=np.stack(accs_2d))
-    np.savez(out_dir / "landscape.npz", **arrays)  # type: ignore[arg-type]
+    try:
+        found = _surfaces(runs, labels, args, grid, device)
+    except DatasetUnavailableError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     info = {
         "method": "Li et al. 2018 filter-normalised random directions, biases/1-D parameters zeroed",
         "seed": args.seed,
@@ -406,21 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         "points": args.points,
         "samples": args.samples,
         "device": str(device),
-        "runs": summaries,
     }
-    (out_dir / "landscape.json").write_text(json.dumps(info, indent=2) + "\n")
-    written = ["landscape.npz", "landscape.json"]
-    try:
-        plot_1d(grid, arrays["losses_1d"], arrays["accuracies_1d"], labels, out_dir / "landscape_1d.png")
-        written.append("landscape_1d.png")
-        if losses_2d:
-            plot_2d(grid, arrays["losses_2d"], labels, out_dir / "landscape_2d.png")
-            written.append("landscape_2d.png")
-        else:  # do not leave an earlier 2-D plot next to this run's data
-            (out_dir / "landscape_2d.png").unlink(missing_ok=True)
-    except ImportError as exc:
-        print(f"warning: plots skipped ({exc}); install matplotlib", file=sys.stderr)
-    print(json.dumps(summaries, indent=2))
+    written = _write(out_dir, runs, labels, grid, found, info)
+    print(json.dumps(found.summaries, indent=2))
     print(f"wrote {', '.join(written)} to {out_dir}", file=sys.stderr)
     return 0
 

@@ -17,6 +17,7 @@ import numpy as np
 from flwr.common.logger import log
 
 from fl_app.audit.canaries import AUDIT_FILE, AuditResult, CanaryAudit
+from fl_app.checkpoint import Checkpoint
 from fl_app.config import AppConfig
 from fl_app.instructions import STREAM_CLIENT_NOISE
 from fl_app.privacy import mechanisms as mech
@@ -42,6 +43,25 @@ class CanaryAuditor:
         )
         #: The latest evaluation of the audit.
         self.result: AuditResult | None = None
+
+    @classmethod
+    def for_run(
+        cls,
+        config: AppConfig,
+        shapes: list[tuple[int, ...]],
+        checkpoint_dir: Path | None,
+        resume_from: Checkpoint | None,
+        secret_key: Callable[[], int],
+    ) -> CanaryAuditor:
+        """The run's auditor, its files in ``checkpoint_dir``/audit: a new one keyed by ``secret_key()``, or on a
+        resume the checkpoint's, with its key (checkpoints before the key was stored used the seed) and state."""
+        directory = None if checkpoint_dir is None else checkpoint_dir / "audit"
+        if resume_from is None:
+            return cls(config, shapes, directory, secret_key())
+        state = resume_from.strategy_state
+        auditor = cls(config, shapes, directory, int(state.get("audit_key", config.seed)) if state else secret_key())
+        auditor.canaries.load_state(state, resume_from.strategy_arrays, resume_from.round)
+        return auditor
 
     def updates(
         self, plan: RoundPlan, sampled: np.ndarray, clip_norm: float, secure: bool, first_id: int

@@ -207,6 +207,8 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         #: The global model the last aggregated round started from (cross-round state: Fed-SMP-topk's global mask is
         #: the top-k of the last global update; checkpointed as ``previous_global``).
         self.last_round_global: list[np.ndarray] = []
+        # The run's part of every round's instructions (train_instructions), once its randomness is known.
+        self._run_instructions: TrainInstructions | None = None
         # The round between configure_train and aggregate_train (Flower's hooks share nothing else).
         self._in_flight: RoundInFlight | None = None
         #: The outcome of the last round aggregate_train released (what start()'s record and observers read).
@@ -263,17 +265,10 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         log(INFO, "\tserver optimizer: %s", self.server_optimizer.describe())
         self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
         if self.config.audit.enabled:
-            resumed = {} if self.resume_from is None else self.resume_from.strategy_state
-            self.auditor = CanaryAuditor(
-                self.config,
-                shapes=[tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()],
-                directory=None if self.checkpoint_dir is None else self.checkpoint_dir / "audit",
-                # A resume keeps the run's key (checkpoints before the key was stored used the seed).
-                key=int(resumed.get("audit_key", self.config.seed)) if resumed else self.randomness.secret_key(),
+            shapes = [tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()]
+            self.auditor = CanaryAuditor.for_run(
+                self.config, shapes, self.checkpoint_dir, self.resume_from, self.randomness.secret_key
             )
-            if (checkpoint := self.resume_from) is not None:
-                state, arrays = checkpoint.strategy_state, checkpoint.strategy_arrays
-                self.auditor.canaries.load_state(state, arrays, checkpoint.round)
         if not self.statistics.publishes_raw:
             log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
                 "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
@@ -328,10 +323,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         return False
 
     # ----- sampling (docs/mechanisms.md, 1) -------------------------------------------------------------------
-
-    def round_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
-        """The server's draws of a round (sampling, masks): strategies/client_dp/randomness.py."""
-        return self.randomness.round_rng(server_round, purpose)
 
     def noise_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
         """The server's noise draws of a round: strategies/client_dp/randomness.py."""
@@ -389,18 +380,23 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         )
 
     def train_instructions(self, server_round: int) -> TrainInstructions:
-        """What every client of the round is told: the recipe, the local procedure, C_t, σ, m, the noise placement."""
-        return make_train_instructions(
-            self.config,
-            server_round,
-            recipe=self.client_recipe(),
-            training=self.local_training(),
-            clip_norm=self.client_clip_norm,
-            add_noise=self.budget is not None and self.placement.clients_add_noise,
-            noise_multiplier=0.0 if self.budget is None else self.noise_multiplier,
-            expected_clients=self.expected_clients,
-            secure_noise=self.secure_noise,
-        )
+        """What every client of the round is told: the recipe, the local procedure, C_t, σ, m, the noise placement.
+        The run's part (data, model, recipe, procedure, σ, m, placement, randomness and noise key) is built once for
+        the run's randomness; each round writes its number and its clip norm C_t into it."""
+        run_part = self._run_instructions
+        if run_part is None or run_part.secure_noise != self.secure_noise:
+            run_part = self._run_instructions = make_train_instructions(
+                self.config,
+                0,
+                recipe=self.client_recipe(),
+                training=self.local_training(),
+                clip_norm=0.0,
+                add_noise=self.budget is not None and self.placement.clients_add_noise,
+                noise_multiplier=0.0 if self.budget is None else self.noise_multiplier,
+                expected_clients=self.expected_clients,
+                secure_noise=self.secure_noise,
+            )
+        return replace(run_part, server_round=server_round, clip_norm=self.client_clip_norm)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -483,20 +479,14 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
 
     # ----- cohort mode --------------------------------------------------------------------------------------
 
-    def cohort_count(self, num_sampled: int) -> int:
-        """How many cohort messages carry this round's clients (0 = one message per client)."""
-        return cohort_count(self.cohort_size, num_sampled, self.population.num_nodes)
-
-    def local_work(self, partition_id: int) -> int:
-        """Client ``partition_id``'s work this round (:func:`strategies.cohorts.local_work`, for balancing cohorts)."""
-        return local_work(self.config, self.local_training(), partition_id)
-
     def plan_cohorts(self, sampled: list[int]) -> list[list[int]] | None:
-        """This round's cohorts (each sorted), balanced by local work; None = one message per client."""
-        count = self.cohort_count(len(sampled))
+        """This round's cohorts (each sorted; how many: :func:`strategies.cohorts.cohort_count`), balanced by each
+        client's local work (:func:`strategies.cohorts.local_work`); None = one message per client."""
+        count = cohort_count(self.cohort_size, len(sampled), self.population.num_nodes)
         if count == 0:
             return None
-        return balance_cohorts(sampled, [self.local_work(pid) for pid in sampled], count)
+        training = self.local_training()
+        return balance_cohorts(sampled, [local_work(self.config, training, pid) for pid in sampled], count)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

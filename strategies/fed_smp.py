@@ -52,7 +52,7 @@ class FedSMPRandK(FederatedStrategy):
     def round_mask(
         self, server_round: int, global_weights: list[np.ndarray], previous_global: list[np.ndarray]
     ) -> list[np.ndarray] | None:
-        rng = self.round_rng(server_round, STREAM_ROUND_MASK)
+        rng = self.randomness.round_rng(server_round, STREAM_ROUND_MASK)
         return mech.randk_mask([w.shape for w in global_weights], self.config.strategy.sparsity, rng)
 
 
@@ -78,7 +78,7 @@ class FedSMPTopK(FederatedStrategy):
         p = self.config.strategy.sparsity
         if not previous_global:
             shapes = [w.shape for w in global_weights]
-            return mech.randk_mask(shapes, p, self.round_rng(server_round, STREAM_ROUND_MASK))
+            return mech.randk_mask(shapes, p, self.randomness.round_rng(server_round, STREAM_ROUND_MASK))
         last_update = [w - v for w, v in zip(global_weights, previous_global, strict=True)]
         return mech.topk_mask(last_update, p)
 

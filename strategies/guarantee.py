@@ -18,9 +18,10 @@ from fl_app.instructions import (
 )
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
-from strategies.client_dp.clipping import AdaptiveClipNorm
+from strategies.client_dp.clipping import AdaptiveClipNorm, ClipNorm
 from strategies.noise import accounted_noise_multiplier
-from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE
+from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE, RunSettings
+from strategies.statistics import ClientStatistics
 
 
 class Guarantee:
@@ -31,16 +32,12 @@ class Guarantee:
     def noise_source(self) -> str:
         if self.budget is None:
             return "none"
-        return self.randomness_source
+        return self.randomness.source()
 
     @property
     def secure_noise(self) -> bool:
         """Whether the server's and the clients' draws come from the OS CSPRNG (else seeded streams)."""
         return self.randomness.secure
-
-    @property
-    def randomness_source(self) -> str:
-        return self.randomness.source()
 
     def make_ledger(self) -> PrivacyLedger:
         """The ledger that accounts this strategy's releases: the subsampled Gaussian mechanism's."""
@@ -57,42 +54,36 @@ class Guarantee:
     def dp_guarantee(self) -> dict[str, Any]:
         """The run's DP claim, as written into ``run.json``: the ledger's account, the mechanism's parameters."""
         if self.budget is None:
-            return {"dp_guarantee": "none: non-private reference", "client_statistics": self.client_statistics_claim()}
+            statistics = statistics_claim(self.statistics, self.clipping)
+            return {"dp_guarantee": "none: non-private reference", "client_statistics": statistics}
         # A canary audit that contradicts the claim is stated with it, never left out.
         warning = None if self.auditor is None else self.auditor.warning()
         return {
             **self.budget.claim(self.not_covered_reason(), warning),
             **self.mechanism_claim(),
-            "client_statistics": self.client_statistics_claim(),
+            "client_statistics": statistics_claim(self.statistics, self.clipping),
             "noise_source": self.noise_source,
-            "sampling_source": self.randomness_source,
-            "noise_stream": self.noise_stream_claim(),
-            **self.population_claim(),
+            "sampling_source": self.randomness.source(),
+            "noise_stream": self.randomness.noise_stream_claim(),
+            **population_claim(self.run_settings, self.config.population),
         }
-
-    def population_claim(self) -> dict[str, str]:
-        """What SuperNodes learn of the sample, where the run lets them learn it (``run.json``): only under
-        ``population=virtual`` against a real SuperLink, which strategies/settings.py refuses unless allowed."""
-        settings = self.run_settings
-        if settings is None or settings.simulation or self.config.population != "virtual":
-            return {}
-        return {"supernodes_learn": VIRTUAL_DEPLOYMENT_DISCLOSURE}
 
     def mechanism_claim(self) -> dict[str, Any]:
         """The parameters of the mechanism the ledger accounts (``run.json``)."""
         p = self.config.privacy
+        # How C was chosen: fixed, or adaptive with its parameters, the latest C and the update's share of σ.
+        clipping = self.clipping.claim()
+        if self.adaptive_clipping:
+            clipping["update_noise_multiplier"] = self.noise_multiplier
         return {
             "noise_multiplier": self.noise_multiplier,
             "accounted_noise_multiplier": self.accounted_noise_multiplier,
             "clip_norm": p.clip_norm,
-            "clipping": self.clipping_claim(),
+            "clipping": clipping,
             "sample_rate": p.sample_rate,
             "expected_clients": self.expected_clients,
             "placement": p.placement,
         }
-
-    def noise_stream_claim(self) -> dict[str, Any]:
-        return self.randomness.noise_stream_claim()
 
     def not_covered_reason(self) -> str | None:
         """Why the accountant's ε does not cover this configuration (None = it does)."""
@@ -114,22 +105,10 @@ class Guarantee:
             return self.clipping.count_stddev
         return self.config.privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(self.expected_clients)
 
-    def clipping_claim(self) -> dict[str, Any]:
-        """How C was chosen (``run.json``): fixed, or adaptive with its parameters and the latest C."""
-        claim = self.clipping.claim()
-        if self.adaptive_clipping:
-            claim["update_noise_multiplier"] = self.noise_multiplier
-        return claim
-
     @property
     def client_statistics(self) -> str:
         """The run's ``privacy.client_statistics`` mode (raw | noisy | none; "auto" until resolved)."""
         return self.statistics.mode
-
-    def client_statistics_claim(self) -> str:
-        """What the published files say about clients, and whether ε covers it (``run.json``)."""
-        adaptive = self.clipping.count_stddev if isinstance(self.clipping, AdaptiveClipNorm) else None
-        return self.statistics.claim(adaptive)
 
     def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
         """The round's statistics as ``privacy.client_statistics`` allows them to be published."""
@@ -186,3 +165,16 @@ class Guarantee:
         )
         if reason := self.not_covered_reason():
             log(WARNING, "The reported epsilon does NOT cover this run: %s", reason)
+
+
+def population_claim(settings: RunSettings | None, population: str) -> dict[str, str]:
+    """What SuperNodes learn of the sample, where the run lets them learn it (``run.json``): only under
+    ``population=virtual`` against a real SuperLink, which strategies/settings.py refuses unless allowed."""
+    if settings is None or settings.simulation or population != "virtual":
+        return {}
+    return {"supernodes_learn": VIRTUAL_DEPLOYMENT_DISCLOSURE}
+
+
+def statistics_claim(statistics: ClientStatistics, clipping: ClipNorm) -> str:
+    """What the published files say about clients, and whether ε covers it (``run.json``)."""
+    return statistics.claim(clipping.count_stddev if isinstance(clipping, AdaptiveClipNorm) else None)

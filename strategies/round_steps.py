@@ -81,7 +81,7 @@ class AggregationSteps:
         statistics)."""
         if self.auditor is None:
             return []
-        rng = self.round_rng(plan.server_round, STREAM_CANARY_SAMPLING)
+        rng = self.randomness.round_rng(plan.server_round, STREAM_CANARY_SAMPLING)
         joined = self.sampler.sample(self.auditor.canaries.count, plan.server_round, rng, self.randomness)
         sent = self.auditor.updates(plan, joined, self.clip_norm, self.secure_noise, self.num_clients)
         return [(index, self.admit(plan, update)[0]) for index, update in sent]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord
 
+import strategies  # noqa: F401  (registers the strategy names the configs here are validated by)
 from fl_app.central_evaluation import central_evaluate_fn
 from fl_app.config import compose_config
 from fl_app.models import build_model_for_dataset, get_weights

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 
+import strategies  # noqa: F401  (registers the strategy names the configs here are validated by)
 from fl_app.config import compose_config
 from fl_app.instructions import (
     COHORT_CLIENT_METRICS,

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+import strategies  # noqa: F401  (registers the strategy names the configs here are validated by)
 from fl_app.landscape import (
     filter_normalized_direction,
     loss_surface_1d,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import strategies  # noqa: F401  (registers the strategy names the configs here are validated by)
 from apps.main import backend_config, simulation_nodes
 from fl_app.config import ConfigError, compose_config
 

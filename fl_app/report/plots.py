@@ -8,17 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fl_app.plotting import pyplot
 from fl_app.report.grouping import Report, Stat
 from fl_app.report.runs import RunRecord, as_number, is_finite_number
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _integer_locator() -> Any:
@@ -49,7 +41,7 @@ def _band(ax: Any, rounds: list[int], means: list[float], stds: list[float], lab
 
 
 def _line_plot(report: Report, key: str, scale: float, ylabel: str, title: str, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     drawn = 0
     for cell in report.groups():
@@ -95,7 +87,7 @@ def _records_clip_norm(report: Report) -> bool:
 
 def plot_norm_histogram(report: Report, path: Path) -> Path:
     """Left: pooled pre-clip client update norms ‖Δ‖ (all rounds, seeds) per group; right: mean ‖Δ‖ per round."""
-    plt = _pyplot()
+    plt = pyplot()
     import numpy as np
 
     fig, (ax_h, ax_r) = plt.subplots(1, 2, figsize=(13, 5))
@@ -157,7 +149,7 @@ def plot_ablation(report: Report, path: Path) -> Path:
     key = ablation_key(report)
     if key is None:
         raise ValueError("an ablation plot needs exactly one numeric column key")
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 5))
     for row in report.rows:
         xs, ys, es = [], [], []

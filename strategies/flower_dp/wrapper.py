@@ -218,9 +218,7 @@ class ClientLevelDP(Strategy):
             log(WARNING, "ClientLevelDP: seeded sampling and noise (seed=%d): private only while the seed stays "
                          "secret; use secure=True outside tests and simulations", self.seed)  # fmt: skip
 
-    # ------------------------------------------------------------------------------------------------------------
-    # The guarantee
-    # ------------------------------------------------------------------------------------------------------------
+    # ----- The guarantee -----------------------------------------------------------------------------------------
 
     @property
     def randomness(self) -> str:
@@ -279,9 +277,7 @@ class ClientLevelDP(Strategy):
                     str(self.randomness))
         self.strategy.summary()
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Training
-    # ------------------------------------------------------------------------------------------------------------
+    # ----- Training ----------------------------------------------------------------------------------------------
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -366,9 +362,7 @@ class ClientLevelDP(Strategy):
         self.privacy_metrics[server_round] = privacy_record(epsilon, self.delta, self.rounds_released, self.noise_std)
         return released, None
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Evaluation: the inner strategy's, outside ε
-    # ------------------------------------------------------------------------------------------------------------
+    # ----- Evaluation: the inner strategy's, outside ε -----------------------------------------------------------
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -387,9 +381,7 @@ class ClientLevelDP(Strategy):
             log(WARNING, "aggregate_evaluate: round %d skipped: %s", server_round, exc)
             return None
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Internals
-    # ------------------------------------------------------------------------------------------------------------
+    # ----- Internals ---------------------------------------------------------------------------------------------
 
     def _account_earlier_releases(self) -> None:
         """Every model an earlier run logged in ``release_dir`` left the server and is spent, whichever run released

@@ -29,6 +29,7 @@ from torch import nn
 
 import clients.cohort as cohort
 import clients.local_update as local_update
+import strategies  # noqa: F401  (registers the strategy names the configs here are validated by)
 from clients.captured import StackedOutcome
 from clients.cohort import CohortResult, clip_and_sum_stacked, train_cohort
 from clients.faults import inject_fault

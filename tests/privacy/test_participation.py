@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import strategies  # noqa: F401  (registers the strategy names the configs here are validated by)
 from fl_app.privacy.mechanisms.participation import (
     ParticipationRecord,
     ParticipationRule,

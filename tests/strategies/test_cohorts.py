@@ -16,7 +16,7 @@ from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 from fl_app.data.partition import get_partition
 from fl_app.instructions import LocalTrainingConfig, NoisyLocalConfig
 from fl_app.privacy import mechanisms as mech
-from strategies.cohorts import STEP_COST_SAMPLES, balance_cohorts, local_work
+from strategies.cohorts import STEP_COST_SAMPLES, balance_cohorts, cohort_count, local_work
 from strategies.rounds import RoundPlan
 from tests.helpers import FakeGrid, build, prime, push, reply, with_norm, zeros
 
@@ -95,15 +95,19 @@ def test_local_work_counts_the_samples_of_the_steps_taken_and_a_fixed_cost_a_ste
     assert local_work(config, noisy, pid) == 10 * (16 + STEP_COST_SAMPLES)
 
 
+def _count(strategy, sampled: int) -> int:
+    return cohort_count(strategy.cohort_size, sampled, strategy.population.num_nodes)
+
+
 def test_cohort_count_follows_the_config_and_the_engine():
-    assert _cohort_strategy("simulation.cohort_size=auto", nodes=3).cohort_count(10) == 3
-    assert _cohort_strategy("simulation.cohort_size=auto", nodes=3).cohort_count(2) == 2
-    assert _cohort_strategy("simulation.cohort_size=4").cohort_count(10) == 3
-    assert _cohort_strategy("simulation.cohort_size=1").cohort_count(10) == 0
+    assert _count(_cohort_strategy("simulation.cohort_size=auto", nodes=3), 10) == 3
+    assert _count(_cohort_strategy("simulation.cohort_size=auto", nodes=3), 2) == 2
+    assert _count(_cohort_strategy("simulation.cohort_size=4"), 10) == 3
+    assert _count(_cohort_strategy("simulation.cohort_size=1"), 10) == 0
     deployed = build("simulation.cohort_size=auto")
     deployed.resolve_settings(simulation=False)  # a real SuperLink: every node is a client's machine
     deployed.population.connect(FakeGrid(nodes=3), timeout=1)
-    assert deployed.cohort_count(10) == 0
+    assert _count(deployed, 10) == 0
 
 
 def test_cohort_messages_carry_every_sampled_client_once_with_its_fault():
@@ -117,7 +121,7 @@ def test_cohort_messages_carry_every_sampled_client_once_with_its_fault():
     for message, cohort in zip(messages, cohorts, strict=True):
         faults = list(message.content["config"]["faults"])
         assert faults == ["nan" if p == 7 else "" for p in cohort]
-    work = {p: strategy.local_work(p) for p in sampled}
+    work = {p: local_work(strategy.config, strategy.local_training(), p) for p in sampled}
     loads = [sum(work[p] for p in c) for c in cohorts]
     assert max(loads) <= sum(work.values()) / 3 + max(work.values())
 
