@@ -173,6 +173,38 @@ def clip_and_sum_stacked(
     return out
 
 
+def _privatize_and_add(
+    out: CohortResult,
+    stats: dict[str, list[float]],
+    pid: int,
+    outcome: tuple[list[np.ndarray], LocalTrainingResult],
+    fault: str,
+    ins: TrainInstructions,
+    shared_mask: list[np.ndarray] | None,
+    reclip: bool,
+) -> None:
+    """Client ``pid``'s trained update privatized (its recipe), its fault injected, screened as the server screens
+    a reply (rejected by kind), re-clipped to C where the server clips, and added to the cohort's float64 sum with
+    its statistics."""
+    update, result = outcome
+    sent, pre_clip_norm = privatize_update(update, ins, pid, shared_mask)
+    sent = inject_fault(fault, sent)
+    kind, norm = mech.measure_update(sent, [tuple(a.shape) for a in out.total])
+    if kind is not None:
+        out.rejected[kind].append(pid)
+        return
+    if reclip:
+        sent, was_reclipped = mech.reclip(sent, ins.clip_norm, norm=norm)
+        out.reclipped += int(was_reclipped)
+    mech.add_to_sum(out.total, sent)
+    out.accepted.append(pid)
+    out.num_examples += result.num_examples
+    stats["pre_clip_norm"].append(pre_clip_norm)
+    stats["train_loss"].append(result.loss)
+    stats["train_accuracy"].append(result.accuracy)
+    stats["num_steps"].append(float(result.num_steps))
+
+
 def train_cohort(
     parameters: list[np.ndarray],
     ins: TrainInstructions,
@@ -227,23 +259,7 @@ def train_cohort(
         if outcome is None or outcome[1].diverged:
             out.rejected["failed"].append(pid)
             continue
-        update, result = outcome
-        sent, pre_clip_norm = privatize_update(update, ins, pid, shared_mask)
-        sent = inject_fault(fault, sent)
-        kind, norm = mech.measure_update(sent, shapes)
-        if kind is not None:
-            out.rejected[kind].append(pid)
-            continue
-        if reclip:
-            sent, was_reclipped = mech.reclip(sent, ins.clip_norm, norm=norm)
-            out.reclipped += int(was_reclipped)
-        mech.add_to_sum(out.total, sent)
-        out.accepted.append(pid)
-        out.num_examples += result.num_examples
-        stats["pre_clip_norm"].append(pre_clip_norm)
-        stats["train_loss"].append(result.loss)
-        stats["train_accuracy"].append(result.accuracy)
-        stats["num_steps"].append(float(result.num_steps))
+        _privatize_and_add(out, stats, pid, outcome, fault, ins, shared_mask, reclip)
     if first is not None:
         out.train_started_unix = first
     out.metrics = stats

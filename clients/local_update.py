@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from clients.noisy_training import train_local_noisy
 from clients.regularizers import make_blur_loss
-from clients.training import LocalTrainingResult, train_local, train_local_noisy
+from clients.training import LocalTrainingResult, train_local
 from fl_app.data.datasets import TensorData, load_split
 from fl_app.data.partition import get_partition
 from fl_app.instructions import STREAM_CLIENT_SHUFFLE, DataSpec, TrainInstructions

@@ -44,7 +44,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from clients.training import LocalTrainingConfig, LocalTrainingResult, NoisyLocalConfig, local_lr, noisy_step_lr
+from clients.noisy_training import noisy_minibatches, noisy_step_lr
+from clients.training import LocalTrainingConfig, LocalTrainingResult, NoisyLocalConfig, local_lr
 from fl_app.models import check_vectorizable
 
 __all__ = [
@@ -80,20 +81,10 @@ def batch_schedule(n: int, config: LocalTrainingConfig, generator: torch.Generat
 
 
 def noisy_batch_schedule(n: int, config: NoisyLocalConfig, generator: torch.Generator) -> list[torch.Tensor]:
-    """The K minibatches of b = min(B, n) indices :func:`clients.training.train_local_noisy` draws."""
+    """The K minibatches of b = min(B, n) indices :func:`clients.noisy_training.train_local_noisy` draws."""
     if n == 0:
         return []
-    b = min(config.batch_size, n)
-    perm = torch.randperm(n, generator=generator, device=generator.device).cpu()
-    pos = 0
-    batches = []
-    for _ in range(config.steps):
-        if pos + b > n:
-            perm = torch.randperm(n, generator=generator, device=generator.device).cpu()
-            pos = 0
-        batches.append(perm[pos : pos + b])
-        pos += b
-    return batches
+    return list(noisy_minibatches(n, min(config.batch_size, n), config.steps, generator, torch.device("cpu")))
 
 
 @dataclass
@@ -366,7 +357,7 @@ def train_stacked_noisy(
     generators: Sequence[torch.Generator],
     device: torch.device,
 ) -> tuple[list[Params], list[LocalTrainingResult]]:
-    """:func:`clients.training.train_local_noisy` for every client at once (same minibatches, clip to V, prox)."""
+    """:func:`clients.noisy_training.train_local_noisy` for every client at once (same minibatches, clip to V, prox)."""
     if server_round < 1:
         raise ValueError(f"server_round must be >= 1 (Flower rounds start at 1), got {server_round}")
     if len(generators) != len(data):

@@ -1,8 +1,9 @@
 """Tests for the Noisy-FedAvg / Noisy-FedProx local procedure (seed 004, App. B Alg. 1, Eqs. 2 and 4).
 
-Covers :func:`clients.training.noisy_step_lr` (the four Thm 3 schedules), :class:`NoisyLocalConfig` validation and
-:func:`clients.training.train_local_noisy`: per-step gradient clipping to V on the global norm, the prox term added
-after clipping, exactly K plain-SGD steps, minibatch sampling, determinism and the divergence stop.
+Covers :func:`clients.noisy_training.noisy_step_lr` (the four Thm 3 schedules), :class:`NoisyLocalConfig`
+validation and :func:`clients.noisy_training.train_local_noisy`: per-step gradient clipping to V on the global
+norm, the prox term added after clipping, exactly K plain-SGD steps, minibatch sampling, determinism and the
+divergence stop.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from clients.training import LocalTrainingResult, NoisyLocalConfig, noisy_step_lr, train_local_noisy
+from clients.noisy_training import noisy_step_lr, train_local_noisy
+from clients.training import LocalTrainingResult, NoisyLocalConfig
 
 CPU = torch.device("cpu")
 

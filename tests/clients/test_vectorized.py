@@ -26,13 +26,13 @@ import pytest
 import torch
 from torch import nn
 
+from clients.noisy_training import train_local_noisy
 from clients.regularizers import blur_term, make_blur_loss
 from clients.training import (
     LocalTrainingConfig,
     LocalTrainingResult,
     NoisyLocalConfig,
     train_local,
-    train_local_noisy,
 )
 from clients.vectorized import (
     StackedRegularizer,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 
 from fl_app.core.choices import AccountantName, AmplifiedSampling
 from fl_app.privacy.accountants.checks import _check_config, _check_delta, _check_segment
@@ -41,6 +42,24 @@ def compute_epsilon(
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _bracket(epsilon: Callable[[float], float], target: float, at: str, run: str) -> tuple[float, float]:
+    """σ_low = σ_high / 2 with ε(σ_low) > ``target`` ≥ ε(σ_high), by doubling up from σ = 1 and halving down."""
+    high = 1.0
+    while epsilon(high) > target:
+        high *= 2.0
+        if high > _SIGMA_MAX:
+            raise ValueError(f"target ε = {target} {at} is unreachable: even σ = {_SIGMA_MAX:g} gives a larger ε")
+    low = high / 2.0
+    while epsilon(low) <= target:
+        high = low
+        low /= 2.0
+        if low < _SIGMA_MIN:
+            raise ValueError(
+                f"target ε = {target} is met by every σ ≥ {_SIGMA_MIN:g} {run}; calibration is meaningless"
+            )
+    return low, high
+
+
 def calibrate_noise_multiplier(
     target_epsilon: float,
     delta: float,
@@ -70,26 +89,25 @@ def calibrate_noise_multiplier(
         return compute_epsilon(sigma, sample_rate, steps, delta, accountant, sampling, population)
 
     lower_target = target_epsilon * (1.0 - rel_tol)
-    high = 1.0
-    while epsilon(high) > target_epsilon:
-        high *= 2.0
-        if high > _SIGMA_MAX:
-            raise ValueError(
-                f"target ε = {target_epsilon} at δ = {delta} is unreachable: even σ = {_SIGMA_MAX:g} gives a larger ε"
-            )
-    low = high / 2.0
-    while epsilon(low) <= target_epsilon:
-        high = low
-        low /= 2.0
-        if low < _SIGMA_MIN:
-            raise ValueError(
-                f"target ε = {target_epsilon} is met by every σ ≥ {_SIGMA_MIN:g} "
-                f"(q = {sample_rate}, T = {steps}); calibration is meaningless"
-            )
+    low, high = _bracket(epsilon, target_epsilon, f"at δ = {delta}", f"(q = {sample_rate}, T = {steps})")
     # Invariant: ε(low) > target ≥ ε(high).
     eps_low, eps_high = epsilon(low), epsilon(high)
     if eps_high >= lower_target:
         return high
+    return _refine(epsilon, (low, eps_low), (high, eps_high), target_epsilon, rel_tol)
+
+
+def _refine(
+    epsilon: Callable[[float], float],
+    lower: tuple[float, float],
+    upper: tuple[float, float],
+    target_epsilon: float,
+    rel_tol: float,
+) -> float:
+    """σ in the bracket (σ_low, ε_low), (σ_high, ε_high) with target·(1 − rel_tol) ≤ ε(σ) ≤ target, or the
+    bracket's budget-safe end if ε jumps across that window."""
+    (low, eps_low), (high, eps_high) = lower, upper
+    lower_target = target_epsilon * (1.0 - rel_tol)
     # log ε is close to linear in log σ, so interpolating there (regula falsi, aimed at the middle of the
     # window) needs 2-4 accountant calls where bisection needs ~8; a bisection step follows whenever the same end
     # moved twice in a row, so the bracket always shrinks.

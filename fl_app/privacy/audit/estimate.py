@@ -40,6 +40,31 @@ def _statistics(name: str, values: np.ndarray) -> np.ndarray:
     return array
 
 
+def _bootstrap_interval(
+    null: np.ndarray,
+    known_null: tuple[float, float] | None,
+    inserted: np.ndarray,
+    delta: float,
+    rng: np.random.Generator,
+    bootstrap: int,
+    confidence: float,
+) -> tuple[float, float]:
+    """The percentile bootstrap's (low, high) of :func:`estimate_epsilon`: the null set resampled first (unless it is
+    ``known_null``), then the inserted set, each with replacement, all resamples at once."""
+    if known_null is None:
+        null_draws = null[rng.integers(0, null.size, size=(bootstrap, null.size))]
+        null_means, null_stds = null_draws.mean(axis=1), null_draws.std(axis=1, ddof=1)
+    else:
+        null_means, null_stds = np.full(bootstrap, known_null[0]), np.full(bootstrap, known_null[1])
+    inserted_draws = inserted[rng.integers(0, inserted.size, size=(bootstrap, inserted.size))]
+    replicas = _pair_epsilons(
+        null_means, null_stds, inserted_draws.mean(axis=1), inserted_draws.std(axis=1, ddof=1), delta
+    )
+    tail = (1.0 - confidence) / 2.0
+    # Order statistics rather than interpolation: replicas can be +inf (a resample of identical values).
+    return float(np.quantile(replicas, tail, method="lower")), float(np.quantile(replicas, 1.0 - tail, method="higher"))
+
+
 def estimate_epsilon(
     null_stats: np.ndarray,
     inserted_stats: np.ndarray,
@@ -81,23 +106,8 @@ def estimate_epsilon(
     epsilon = float(_pair_epsilons(null_mean, null_std, inserted_mean, inserted_std, delta)[()])
     low = high = epsilon
     if bootstrap > 0:
-        if known_null is None:
-            null_draws = null[rng.integers(0, null.size, size=(bootstrap, null.size))]
-            null_means, null_stds = null_draws.mean(axis=1), null_draws.std(axis=1, ddof=1)
-        else:
-            null_means, null_stds = np.full(bootstrap, null_mean), np.full(bootstrap, null_std)
-        inserted_draws = inserted[rng.integers(0, inserted.size, size=(bootstrap, inserted.size))]
-        replicas = _pair_epsilons(
-            null_means,
-            null_stds,
-            inserted_draws.mean(axis=1),
-            inserted_draws.std(axis=1, ddof=1),
-            delta,
-        )
-        tail = (1.0 - confidence) / 2.0
-        # Order statistics rather than interpolation: replicas can be +inf (a resample of identical values).
-        low = float(np.quantile(replicas, tail, method="lower"))
-        high = float(np.quantile(replicas, 1.0 - tail, method="higher"))
+        fitted_null = None if known_null is None else (null_mean, null_std)
+        low, high = _bootstrap_interval(null, fitted_null, inserted, delta, rng, bootstrap, confidence)
     return EpsilonEstimate(
         epsilon=epsilon,
         low=low,

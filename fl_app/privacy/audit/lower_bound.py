@@ -187,6 +187,21 @@ def certifiable_epsilon(
     return max(certified)
 
 
+def _checked_scores(scores: np.ndarray, inserted: np.ndarray, delta: float) -> tuple[np.ndarray, np.ndarray]:
+    """The scores (finite, float64, flat, non-empty) and who was inserted (bool, the same shape); δ in [0, 1)."""
+    score = np.asarray(scores, dtype=np.float64)
+    truth = np.asarray(inserted)
+    if score.ndim != 1 or score.size == 0:
+        raise ValueError(f"scores must be a non-empty flat array, got shape {score.shape}")
+    if not np.isfinite(score).all():
+        raise ValueError("scores must be finite")
+    if truth.shape != score.shape or truth.dtype != np.bool_:
+        raise ValueError(f"inserted must be a bool array of shape {score.shape}, got {truth.dtype} {truth.shape}")
+    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    return score, truth
+
+
 def one_run_lower_bound(
     scores: np.ndarray,
     inserted: np.ndarray,
@@ -211,16 +226,7 @@ def one_run_lower_bound(
     are computed from the released models without looking at who was inserted. Ties in the scores are broken
     by canary position, which does not depend on the insertion either.
     """
-    score = np.asarray(scores, dtype=np.float64)
-    truth = np.asarray(inserted)
-    if score.ndim != 1 or score.size == 0:
-        raise ValueError(f"scores must be a non-empty flat array, got shape {score.shape}")
-    if not np.isfinite(score).all():
-        raise ValueError("scores must be finite")
-    if truth.shape != score.shape or truth.dtype != np.bool_:
-        raise ValueError(f"inserted must be a bool array of shape {score.shape}, got {truth.dtype} {truth.shape}")
-    if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta!r}")
+    score, truth = _checked_scores(scores, inserted, delta)
     confidence = _check_confidence(confidence)
     rule = _check_rule(rule)
     m = score.size
