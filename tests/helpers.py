@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ConfigRecord, Error, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.superlink.grid import InMemoryGrid
 
@@ -207,6 +207,19 @@ class FakeGrid(AnswersOnPush):
                 continue
             replies.append(cohort_reply(msg, ids, zeros(shapes)))
         self.sent.append(sorted(round_ids))
+        return replies
+
+
+class MovingUpdates(FakeGrid):
+    """Every client answers a small update of its own in every round, so the average moves the model."""
+
+    def send_and_receive(self, messages, timeout=None):
+        messages = list(messages)
+        server_round = int(messages[0].metadata.group_id) if messages else 0
+        replies = super().send_and_receive(messages, timeout)
+        for k, r in enumerate(replies):
+            shapes = [a.shape for a in r.content["arrays"].to_numpy_ndarrays()]
+            r.content["arrays"] = ArrayRecord(random_update(shapes, 1e-3, seed=server_round * 100 + k))
         return replies
 
 

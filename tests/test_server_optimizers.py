@@ -11,7 +11,7 @@ from flwr.app import ArrayRecord
 
 from fl_app.checkpoint import load_checkpoint
 from fl_app.server_optimizers import SERVER_OPTIMIZERS, ServerOptimizer
-from tests.helpers import FakeGrid, build, random_update
+from tests.helpers import MovingUpdates, build, random_update
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
 SHAPES = [(3, 4), (4,)]
@@ -108,26 +108,13 @@ def test_an_unknown_optimizer_is_refused():
         ServerOptimizer("lamb")
 
 
-class NoisyUpdates(FakeGrid):
-    """Every client answers a small update of its own in every round, so the average moves the model."""
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        server_round = int(messages[0].metadata.group_id) if messages else 0
-        replies = super().send_and_receive(messages, timeout)
-        for k, r in enumerate(replies):
-            shapes = [a.shape for a in r.content["arrays"].to_numpy_ndarrays()]
-            r.content["arrays"] = ArrayRecord(random_update(shapes, 1e-3, seed=server_round * 100 + k))
-        return replies
-
-
 RUN = ["strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2"]
 
 
 def _run(tmp_path, overrides, rounds, resume=None):
     strategy = build(*RUN, *overrides, checkpoint_dir=tmp_path, resume_from=resume)
     initial = ArrayRecord(random_update([(20, 30), (30,)], 0.1, seed=0))
-    result = strategy.start(NoisyUpdates(), initial, num_rounds=rounds)
+    result = strategy.start(MovingUpdates(), initial, num_rounds=rounds)
     return strategy, result.arrays.to_numpy_ndarrays()
 
 

@@ -13,7 +13,7 @@ from fl_app.checkpoint import load_checkpoint
 from fl_app.config import ConfigError, ServerOptimizerConfig, compose_config
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.flower_step import FlowerServerStep, server_step
-from tests.helpers import FakeGrid, build, random_update
+from tests.helpers import FakeGrid, MovingUpdates, build, random_update
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
 SHAPES = [(3, 4), (4,)]
@@ -75,19 +75,6 @@ def test_the_config_builds_flowers_strategy_and_refuses_a_step_size_fedavg_has_n
         compose_config(["server_optimizer=flower_fedavg", "strategy.server_lr=0.5"])
     with pytest.raises(ConfigError, match=r"server_optimizer\.name=flower_fedadam: DP-FTRL needs sgd or momentum"):
         build("strategy=dp_ftrl_fedavg", "server_optimizer=flower_fedadam", "dataset.num_clients=20")
-
-
-class MovingUpdates(FakeGrid):
-    """Every client answers a small update of its own in every round, so the average moves the model."""
-
-    def send_and_receive(self, messages, timeout=None):
-        messages = list(messages)
-        server_round = int(messages[0].metadata.group_id) if messages else 0
-        replies = super().send_and_receive(messages, timeout)
-        for k, r in enumerate(replies):
-            shapes = [a.shape for a in r.content["arrays"].to_numpy_ndarrays()]
-            r.content["arrays"] = ArrayRecord(random_update(shapes, 1e-3, seed=server_round * 100 + k))
-        return replies
 
 
 RUN = ["strategy=dp_fedsam", "dataset.num_clients=50", "privacy.sample_rate=0.2"]
