@@ -33,7 +33,6 @@ Admit = Callable[[RoundPlan, list[np.ndarray], int, float], tuple[list[np.ndarra
 RejectionLog = Callable[[int, str, str], None]
 
 
-
 class RoundReplies:
     """What one round's replies contributed: the admitted sums, their clients' statistics, the rejection counts.
 

@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp import Grid, PrivacyAccountant
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fl_app.checkpoint import Checkpoint
@@ -60,6 +60,7 @@ from strategies.auditing import CanaryAuditor
 from strategies.client_dp import NoisyAverage, PrivacyBudget
 from strategies.client_dp.clipping import ClipNorm, clip_norm_for
 from strategies.client_dp.placement import Placement, placement
+from strategies.client_dp.private_rounds import PrivateRounds
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
 from strategies.client_dp.sampling import ClientSampler, client_sampler, fixed_denominator, log_refusals
@@ -82,10 +83,9 @@ AccountedFn = Callable[["FederatedStrategy"], None]
 
 
 class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strategy):
-    """Sampling, validation, uniform fixed-denominator aggregation, noise placement, accounting, metrics."""
+    """Sampling, validation, uniform aggregation, accounting, metrics: a plain algorithm, or (built with
+    :class:`PrivateRounds`, as :class:`strategies.client_level_dp.ClientLevelDP` builds it) client-level DP rounds."""
 
-    #: Whether the strategy runs the client-level Gaussian mechanism and the accountant.
-    private: ClassVar[bool] = True
     #: The local optimizer of the client recipe.
     local_optimizer: ClassVar[LocalOptimizer] = "sgd"
     #: The strategy's settings (``strategy.*``): a :class:`fl_app.config.StrategyConfig` subclass that validates
@@ -110,35 +110,33 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         config: AppConfig | None = None,
         /,
         *,
+        privacy: PrivateRounds | None = None,
         metrics: MetricsWriter | None = None,
         checkpoint_dir: Path | None = None,
         resume_from: Checkpoint | None = None,
         on_accounted: AccountedFn | None = None,
         observers: Sequence[RoundObserver] = (),
-        accountant: PrivacyAccountant | str | None = None,
         **settings: Any,
     ) -> None:
         """Build the strategy from a validated ``config``, or from keyword ``settings`` over conf/'s defaults
-        (``DPFedSAM(num_clients=100, clip_norm=0.5, num_rounds=20)``; :func:`fl_app.config.settings_overrides`
-        says how a name finds its key), validated the same way.
+        (``FedSAM(num_clients=100, num_rounds=20)``; :func:`fl_app.config.settings_overrides` says how a name finds
+        its key), validated the same way.
 
+        ``privacy`` makes every round client-level DP (:class:`~strategies.client_dp.private_rounds.PrivateRounds`:
+        clip, noise over the fixed m, budget guard, accounting); without it the strategy is the plain algorithm.
         What a run needs beyond Flower's ``start()`` arguments comes here: ``metrics`` (the per-round writer),
         ``checkpoint_dir`` (checkpoints, the release log, the audit's files), ``resume_from`` (continue after that
         checkpoint), ``on_accounted`` (called whenever the released and accounted state changes) and ``observers``
         (:class:`strategies.observers.RoundObserver`: told about every completed round, after the metrics log and
-        the checkpoint). ``accountant`` is an accountant with Flower's ``PrivacyAccountant`` interface (Flower's own
-        ``RdpAccountant`` included) that accounts the releases in place of the one ``privacy.accountant`` names;
-        a name (``"rdp"``, ``"prv"``, ``"pld"``) is that setting.
+        the checkpoint).
         """
-        if isinstance(accountant, str):
-            settings["accountant"], accountant = accountant, None
-        #: The accountant the caller gave (None: the one ``privacy.accountant`` names): :meth:`make_ledger`.
-        self.given_accountant = accountant
         if config is None:
             config = compose_config(settings_overrides(self.config_name, settings, self.settings_class))
         elif settings:
             raise TypeError(f"{type(self).__name__}: pass either a config or keyword settings, not both")
         self.config = config
+        #: What makes the rounds private (None: the plain algorithm).
+        self.privacy = privacy
         self.metrics = metrics
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.resume_from = resume_from
@@ -157,9 +155,15 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             # Before anything can read the guarantee (run.json's first write, a failure before the first round).
             self._restore(resume_from)
 
+    def run_arguments(self) -> dict[str, Any]:
+        """What the run was given beyond its config and privacy (the keywords of the constructor): what a wrapper
+        that rebuilds the strategy with its privacy passes on."""
+        return {"metrics": self.metrics, "checkpoint_dir": self.checkpoint_dir, "resume_from": self.resume_from,
+                "on_accounted": self.on_accounted, "observers": self.observers}  # fmt: skip
+
     def _init_privacy(self, config: AppConfig) -> None:
         """Client-level DP's objects (strategies/client_dp/): m, σ, the clip norm, the placement, what is published
-        about clients, the budget and the noisy average, from ``config.privacy``."""
+        about clients, the budget and the noisy average, from ``config.privacy`` and :attr:`privacy`."""
         privacy = config.privacy
         self.num_clients = config.dataset.num_clients
         #: m = qM, the fixed denominator of every round's average (strategies/client_dp/sampling.py).
@@ -175,19 +179,19 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.statistics = ClientStatistics(
             privacy.client_statistics, privacy.statistics_noise_multiplier or self.expected_clients / 20
         )
-        if self.statistics.releases_noisy_count and not (self.private and self.supports_noisy_statistics):
+        if self.statistics.releases_noisy_count and not (self.privacy is not None and self.supports_noisy_statistics):
             raise ConfigError(
                 "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
                 f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
             )
         #: The clip norm of the coming round, C_t (strategies/client_dp/clipping.py): fixed, or adaptive clipping's,
         #: which releases a noisy clipped count every round and so takes its share of the joint noise multiplier.
-        self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, self.private)
+        self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, may_adapt=self.privacy is not None)
         #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
         self.placement: Placement = placement(privacy.placement)
-        #: What the run's releases spend and the budget guard (None for the non-private references).
+        #: What the run's releases spend and the budget guard (None for a plain algorithm).
         self.budget: PrivacyBudget | None = None
-        if self.private:
+        if self.privacy is not None:
             ledger = self.make_ledger()
             self.noise_multiplier = self.calibrated_noise_multiplier()
             self.budget = PrivacyBudget(
@@ -220,7 +224,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.empty_rounds = EmptyRoundWatch(config.max_empty_rounds)
         #: The run's releases (strategies/client_dp/releasing.py): the write-ahead log in ``checkpoint_dir`` (none
         #: without one); seeded until resolve_settings() knows the run's randomness.
-        self.releases = RunReleases(self.checkpoint_dir, self.budget is not None, seeded=True)
+        self.releases = RunReleases(None if self.budget is None else self.checkpoint_dir, seeded=True)
         #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
         self.run_settings: RunSettings | None = None
         #: The server's random sources (strategies/client_dp/randomness.py); until resolve_settings(), "auto" is the

@@ -6,6 +6,9 @@
 * blurs — BLUR plus local update sparsification (LUS): keep the per-layer top-k of |Δ| (fraction
   ``strategy.sparsity``) before clipping, then **dense** noise. Because the noise covers every coordinate, the
   sparsification is part of the local computation and the Gaussian mechanism (sensitivity C) is accounted as usual.
+
+The algorithms are :class:`FedAvgBLUR` and :class:`FedAvgBLURS`; the DP strategies are the client-level DP layer
+over them.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from fl_app.config import SparseConfig, StrategyConfig, require
 from fl_app.instructions import RecipeSpec
 from strategies.base import FederatedStrategy
+from strategies.client_level_dp import RegisteredDP
 
 
 @dataclass(frozen=True)
@@ -33,22 +37,36 @@ class BlurSparseConfig(BlurConfig, SparseConfig):
     """DP-FedAvg-blurs: BLUR plus local update sparsification keeping the fraction p per layer (both checks)."""
 
 
-class DPFedAvgBLUR(FederatedStrategy):
-    config_name = "dp_fedavg_blur"
+class FedAvgBLUR(FederatedStrategy):
+    """FedAvg whose local objective gains BLUR's regularizer around the clip norm C."""
+
     settings_class = BlurConfig
-    private = True
     local_optimizer = "sgd"
 
     def client_recipe(self) -> RecipeSpec:
         return RecipeSpec(kind="dense", blur_coef=self.config.strategy.blur_coef)
 
 
-class DPFedAvgBLURS(FederatedStrategy):
-    config_name = "dp_fedavg_blurs"
+class FedAvgBLURS(FederatedStrategy):
+    """FedAvgBLUR with local update sparsification (the per-layer top-k of the update before clipping)."""
+
     settings_class = BlurSparseConfig
-    private = True
     local_optimizer = "sgd"
 
     def client_recipe(self) -> RecipeSpec:
         s = self.config.strategy
         return RecipeSpec(kind="lus", sparsity=s.sparsity, blur_coef=s.blur_coef)
+
+
+class DPFedAvgBLUR(RegisteredDP):
+    """``ClientLevelDP(FedAvgBLUR(config))``, by the name ``dp_fedavg_blur``."""
+
+    config_name = "dp_fedavg_blur"
+    algorithm = FedAvgBLUR
+
+
+class DPFedAvgBLURS(RegisteredDP):
+    """``ClientLevelDP(FedAvgBLURS(config))``, by the name ``dp_fedavg_blurs``."""
+
+    config_name = "dp_fedavg_blurs"
+    algorithm = FedAvgBLURS

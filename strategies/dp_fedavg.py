@@ -1,12 +1,15 @@
 """DP-FedAvg (McMahan et al., ICLR 2018): local SGD, then the client-level Gaussian mechanism of
-docs/mechanisms.md, 2–4 (journal Eqs. 10–11) with uniform, fixed-denominator aggregation."""
+docs/mechanisms.md, 2–4 (journal Eqs. 10–11) with uniform, fixed-denominator aggregation: the client-level DP layer
+over the plain FedAvg."""
 
 from __future__ import annotations
 
-from strategies.base import FederatedStrategy
+from strategies.client_level_dp import RegisteredDP
+from strategies.fedavg import FedAvg
 
 
-class DPFedAvg(FederatedStrategy):
+class DPFedAvg(RegisteredDP):
+    """``ClientLevelDP(FedAvg(config))``, by the name ``dp_fedavg``."""
+
     config_name = "dp_fedavg"
-    private = True
-    local_optimizer = "sgd"
+    algorithm = FedAvg

@@ -3,6 +3,8 @@ coordinates (k_l = ⌈p·d_l⌉), which removes most of the noise energy.
 
 Where the mask is computed decides what the accountant covers (docs/algorithms.md):
 
+The algorithm is :class:`FedSAMTopK`; DP-FedSAM-topk is the client-level DP layer over it.
+
 * ``placement=server`` (default), ``mask_source=noisy`` — the server takes the per-layer top-k of the *noised
   average*: post-processing of exactly the output the accountant analyses, so ε holds.
 * ``placement=client`` (the papers' form; needs ``sampling=fixed``), ``mask_source=noisy`` — each client masks its
@@ -19,7 +21,8 @@ from typing import ClassVar
 from fl_app.config import MaskedConfig
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy.pipeline import Mechanism, ServerTopK
-from strategies.dp_fedsam import DPFedSAM
+from strategies.client_level_dp import RegisteredDP
+from strategies.fedavg import FedSAM
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,10 @@ class TopKConfig(MaskedConfig):
     mask_source: str = "noisy"
 
 
-class DPFedSAMTopK(DPFedSAM):
-    config_name = "dp_fedsam_topk"
+class FedSAMTopK(FedSAM):
+    """FedSAM whose update keeps only the per-layer top-k coordinates: of the (noised, under the DP layer) average
+    on the server, or of each client's own update."""
+
     settings_class = TopKConfig
 
     @property
@@ -56,3 +61,10 @@ class DPFedSAMTopK(DPFedSAM):
                 "not from the noised aggregate the accountant analyses"
             )
         return None
+
+
+class DPFedSAMTopK(RegisteredDP):
+    """``ClientLevelDP(FedSAMTopK(config))``, by the name ``dp_fedsam_topk``."""
+
+    config_name = "dp_fedsam_topk"
+    algorithm = FedSAMTopK

@@ -9,6 +9,8 @@ clipping, and Gaussian noise on the kept coordinates only.
   private data and is sent in the clear, so the accountant does not cover it. ``mask_source=global`` (DP-sound):
   the per-layer top-k of |last round's global update| (public), shared by all clients; round 1 uses a public
   random mask.
+
+The algorithms are :class:`FedAvgRandK` and :class:`FedAvgTopK`; Fed-SMP is the client-level DP layer over them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from fl_app.config import MaskedConfig, SparseConfig
 from fl_app.instructions import STREAM_ROUND_MASK, RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from strategies.base import FederatedStrategy
+from strategies.client_level_dp import RegisteredDP
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,10 @@ class SMPTopKConfig(MaskedConfig):
     mask_source: str = "local"
 
 
-class FedSMPRandK(FederatedStrategy):
-    config_name = "fed_smp_randk"
+class FedAvgRandK(FederatedStrategy):
+    """FedAvg whose clients send their update on the round's public random mask (Fed-SMP-randk's algorithm)."""
+
     settings_class = RandKConfig
-    private = True
     local_optimizer = "sgd"
 
     def client_recipe(self) -> RecipeSpec:
@@ -56,9 +59,10 @@ class FedSMPRandK(FederatedStrategy):
         return mech.randk_mask([w.shape for w in global_weights], self.config.strategy.sparsity, rng)
 
 
-class FedSMPTopK(FederatedStrategy):
-    config_name = "fed_smp_topk"
-    private = True
+class FedAvgTopK(FederatedStrategy):
+    """FedAvg whose clients send their update on a top-k mask, their own or last round's global one (Fed-SMP-topk's
+    algorithm)."""
+
     local_optimizer = "sgd"
     settings_class = SMPTopKConfig
 
@@ -88,3 +92,17 @@ class FedSMPTopK(FederatedStrategy):
 
     def not_covered_reason(self) -> str | None:
         return "data-dependent top-k support" if self._local else None
+
+
+class FedSMPRandK(RegisteredDP):
+    """``ClientLevelDP(FedAvgRandK(config))``, by the name ``fed_smp_randk``."""
+
+    config_name = "fed_smp_randk"
+    algorithm = FedAvgRandK
+
+
+class FedSMPTopK(RegisteredDP):
+    """``ClientLevelDP(FedAvgTopK(config))``, by the name ``fed_smp_topk``."""
+
+    config_name = "fed_smp_topk"
+    algorithm = FedAvgTopK

@@ -1,5 +1,6 @@
-"""Non-private references: FedAvg (McMahan et al. 2017) and FedSAM (local SAM), uniform mean of the updates that
-arrived, no clipping, no noise, no accountant."""
+"""The plain algorithms: FedAvg (McMahan et al. 2017) and FedSAM (local SAM): the uniform mean of the updates that
+arrived, no clipping, no noise, no accountant. Built with :class:`~strategies.client_dp.private_rounds.PrivateRounds`
+(what :class:`strategies.client_level_dp.ClientLevelDP` does) they are DP-FedAvg and DP-FedSAM."""
 
 from __future__ import annotations
 
@@ -8,11 +9,9 @@ from strategies.base import FederatedStrategy
 
 class FedAvg(FederatedStrategy):
     config_name = "fedavg"
-    private = False
     local_optimizer = "sgd"
 
 
 class FedSAM(FederatedStrategy):
     config_name = "fedsam"
-    private = False
     local_optimizer = "sam"

@@ -82,15 +82,19 @@ class FlowerServerStep:
         tensor's dtype."""
         if self._round is None or len(self._keys) != len(weights):
             raise RuntimeError("FlowerServerStep.step before begin_round of the round's model")
-        moved = [np.asarray(w, dtype=np.float64) + np.asarray(a, dtype=np.float64) for w, a in zip(weights, average,
-                                                                                                   strict=True)]
+        moved = [
+            np.asarray(w, dtype=np.float64) + np.asarray(a, dtype=np.float64)
+            for w, a in zip(weights, average, strict=True)
+        ]
         reply = forward(self.strategy.arrayrecord_key, tuple(self._keys), moved, None)
         with inner_round_lines_dropped():
             aggregated, _ = self.strategy.aggregate_train(self._round, [reply])
         if aggregated is None:
             raise RuntimeError(f"Flower's {type(self.strategy).__name__} aggregated nothing")
-        return [np.asarray(aggregated[k].numpy()).astype(np.asarray(w).dtype) for k, w in zip(self._keys, weights,
-                                                                                            strict=True)]
+        return [
+            np.asarray(aggregated[k].numpy()).astype(np.asarray(w).dtype)
+            for k, w in zip(self._keys, weights, strict=True)
+        ]
 
     def state(self) -> tuple[dict[str, Any], dict[str, list[np.ndarray]]]:
         """(scalars, arrays) for a checkpoint: the Flower strategy's state attributes, by array key order."""

@@ -17,7 +17,7 @@ from fl_app.instructions import (
     STREAM_STATISTICS,
 )
 from fl_app.privacy import adaptive_clipping as adaptive
-from fl_app.privacy.ledger import PrivacyLedger, SampledGaussianLedger
+from fl_app.privacy.ledger import PrivacyLedger
 from strategies.client_dp.clipping import AdaptiveClipNorm, ClipNorm
 from strategies.noise import accounted_noise_multiplier
 from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE, RunSettings
@@ -40,10 +40,10 @@ class Guarantee:
         return self.randomness.secure
 
     def make_ledger(self) -> PrivacyLedger:
-        """The ledger that accounts this strategy's releases: the subsampled Gaussian mechanism's."""
-        p = self.config.privacy
-        accountant = p.accountant if self.given_accountant is None else self.given_accountant
-        return SampledGaussianLedger(p.delta, accountant, p.sampling, self.num_clients)
+        """The ledger that accounts this strategy's releases: the one its privacy makes (the subsampled Gaussian
+        mechanism's)."""
+        assert self.privacy is not None  # only a private strategy has a ledger
+        return self.privacy.ledger(self.config.privacy, self.num_clients)
 
     @property
     def accountant(self) -> PrivacyAccountant | None:

@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from fl_app.config import ConfigError, StrategyConfig, require
+from flwr.serverapp import PrivacyAccountant
+
+from fl_app.config import AppConfig, ConfigError, StrategyConfig, require
 from fl_app.core.choices import NOISY_SCHEDULES
 from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy.fdp import GDPBound, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
 from strategies.base import FederatedStrategy
+from strategies.client_dp.private_rounds import PrivateRounds
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,6 @@ class NoisyProxConfig(NoisyConfig):
 class NoisyFedAvg(FederatedStrategy):
     config_name = "noisy_fedavg"
     settings_class: ClassVar[type[StrategyConfig]] = NoisyConfig
-    private = True
     local_optimizer = "sgd"
     supports_noisy_statistics = False  # the GDP bound of seed 004 has no room for another release
     audit_refusal = (
@@ -70,6 +72,20 @@ class NoisyFedAvg(FederatedStrategy):
         "there is no update clip norm C for adaptive clipping to move"
     )
     algorithm: ClassVar[str] = "noisy_fedavg"
+
+    def __init__(
+        self, config: AppConfig | None = None, /, *, accountant: PrivacyAccountant | str | None = None, **kwargs: Any
+    ) -> None:
+        """Private by its own mechanism (the clients' noise, the run's f-DP bound), not by a client-level DP layer;
+        ``accountant`` can only be a name (``privacy.accountant``, unused by its bound)."""
+        if isinstance(accountant, str):
+            kwargs["accountant"] = accountant
+        elif accountant is not None:
+            raise ConfigError(
+                f"{type(self).__name__}: its epsilon is the GDP bound of seed 004 (Thm 3 / Thm 4) of the number of "
+                "releases, not a composition of sampled Gaussian events: an accountant cannot be given"
+            )
+        super().__init__(config, privacy=PrivateRounds(), **kwargs)
 
     @property
     def prox_coef(self) -> float:
@@ -95,11 +111,6 @@ class NoisyFedAvg(FederatedStrategy):
 
     def make_ledger(self) -> PrivacyLedger:
         """The GDP bound of seed 004 replaces the sampled-Gaussian accountant: T releases of the same mechanism."""
-        if self.given_accountant is not None:
-            raise ConfigError(
-                f"{type(self).__name__}: its epsilon is the GDP bound of seed 004 (Thm 3 / Thm 4) of the number of "
-                "releases, not a composition of sampled Gaussian events: an accountant cannot be given"
-            )
         s = self.config.strategy
         source = "Thm 4" if self.prox_coef else f"Thm 3, {s.lr_schedule}"
         return GDPLedger(

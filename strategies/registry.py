@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 from fl_app.config import AppConfig, StrategyRules, register_strategy_rules, strategy_rules
 from strategies.base import FederatedStrategy
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
+from strategies.client_level_dp import RegisteredDP
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam import DPFedSAM
 from strategies.dp_fedsam_topk import DPFedSAMTopK
@@ -23,23 +24,29 @@ from strategies.fed_smp import FedSMPRandK, FedSMPTopK
 from strategies.fedavg import FedAvg, FedSAM
 from strategies.noisy import NoisyFedAvg, NoisyFedProx
 
-StrategyClass = TypeVar("StrategyClass", bound=type[FederatedStrategy])
+#: A strategy ``strategy=<name>`` can run: a plain strategy or one private by its own mechanism
+#: (:class:`FederatedStrategy`), or a named client-level DP layer over one (:class:`RegisteredDP`).
+NamedStrategy = FederatedStrategy | RegisteredDP
+StrategyClass = TypeVar("StrategyClass", bound=type[NamedStrategy])
 
 #: The project's strategies, each with its conf/strategy/<config_name>.yaml.
-PROJECT_STRATEGIES: tuple[type[FederatedStrategy], ...] = (
+PROJECT_STRATEGIES: tuple[type[NamedStrategy], ...] = (
     FedAvg, FedSAM, DPFedAvg, DPFedSAM, DPFedSAMTopK, FedSMPRandK, FedSMPTopK, DPFedAvgBLUR, DPFedAvgBLURS,
     NoisyFedAvg, NoisyFedProx, DPFTRLFedAvg, DPFTRLFedSAM, DPFedAvgUnamplified,
 )  # fmt: skip
 
-_CLASSES: dict[str, type[FederatedStrategy]] = {}
+_CLASSES: dict[str, type[NamedStrategy]] = {}
 
 
 def register_strategy(cls: StrategyClass) -> StrategyClass:
     """Register ``cls`` under its ``config_name`` (usable as a class decorator); registering it again does nothing.
-    ValueError for a class that is not a :class:`FederatedStrategy`, has no ``config_name``, or whose name another
-    class holds."""
-    if not (isinstance(cls, type) and issubclass(cls, FederatedStrategy)):
-        raise ValueError(f"register_strategy: {cls!r} is not a subclass of strategies.base.FederatedStrategy")
+    ValueError for a class that is neither a :class:`FederatedStrategy` nor a :class:`RegisteredDP`, has no
+    ``config_name``, or whose name another class holds."""
+    if not (isinstance(cls, type) and issubclass(cls, (FederatedStrategy, RegisteredDP))):
+        raise ValueError(
+            f"register_strategy: {cls!r} is not a subclass of strategies.base.FederatedStrategy or "
+            "strategies.client_level_dp.RegisteredDP"
+        )
     name = cls.config_name
     if not name:
         raise ValueError(f"register_strategy: {cls.__name__} has no config_name (its conf/strategy/<name>.yaml)")
@@ -58,14 +65,14 @@ def register_strategy(cls: StrategyClass) -> StrategyClass:
     return cls
 
 
-def strategy_class(name: str) -> type[FederatedStrategy]:
+def strategy_class(name: str) -> type[NamedStrategy]:
     """The class registered under ``name``; a :class:`fl_app.config.ConfigError` naming the registered ones
     otherwise."""
     strategy_rules(name)  # the config's error for a name nobody registered
     return _CLASSES[name]
 
 
-def build_strategy(config: AppConfig, **run: Any) -> FederatedStrategy:
+def build_strategy(config: AppConfig, **run: Any) -> NamedStrategy:
     """The strategy ``config.strategy.name`` names, built from ``config`` with the run's extras ``run`` (metrics,
     checkpoint_dir, resume_from, on_accounted, observers, accountant: :class:`FederatedStrategy`)."""
     return strategy_class(config.strategy.name)(config, **run)

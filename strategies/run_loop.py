@@ -257,10 +257,10 @@ def _observers(strategy: RoundLoop, num_rounds: int) -> list[RoundObserver]:
 
 def _round_record(strategy: RoundLoop, server_round: int, outcome: RoundOutcome) -> dict[str, Any]:
     """Step 8's record before evaluation: the statistics as published, the strategy's extras, the guarantee so far."""
-    private = strategy.budget is not None
+    accounted = strategy.budget is not None
     published = outcome.published
     record: dict[str, Any] = {"round": server_round, **published, **strategy.round_extras()}
-    record["epsilon"] = strategy.epsilon() if private else None
-    record["delta"] = strategy.config.privacy.delta if private else None
-    record["noise_multiplier"] = strategy.noise_multiplier if private else None
+    record["epsilon"] = strategy.epsilon() if accounted else None
+    record["delta"] = strategy.config.privacy.delta if accounted else None
+    record["noise_multiplier"] = strategy.noise_multiplier if accounted else None
     return record

@@ -102,11 +102,12 @@ def test_every_setup_line_of_the_docs_comes_before_a_command() -> None:
 
 #: Where each class of an excerpt is defined (the page names the file in the text around the block).
 EXCERPT_SOURCES = {
+    "FedAvg": "strategies/fedavg.py",
     "DPFedAvg": "strategies/dp_fedavg.py",
     "HalfRoundsLedger": "tests/privacy/test_ledger.py",
-    "DoubleCountingDPFedAvg": "tests/privacy/test_ledger.py",
+    "DoubleCounting": "tests/privacy/test_ledger.py",
     "Halve": "tests/privacy/test_pipeline.py",
-    "HalvedDPFedAvg": "tests/privacy/test_pipeline.py",
+    "HalvedFedAvg": "tests/privacy/test_pipeline.py",
 }
 
 

@@ -100,10 +100,11 @@ class AdaptiveClipNorm:
 ClipNorm = FixedClipNorm | AdaptiveClipNorm
 
 
-def clip_norm_for(privacy: DPConfig, expected_clients: float, private: bool) -> ClipNorm:
-    """The run's clip norm object: adaptive clipping's when a private run asks for it (``privacy.clipping``), with
-    the count's noise σ_b = ``privacy.clipped_count_stddev`` or m/20; else the fixed ``privacy.clip_norm``."""
-    if not (private and privacy.clipping == "adaptive"):
+def clip_norm_for(privacy: DPConfig, expected_clients: float, may_adapt: bool) -> ClipNorm:
+    """The run's clip norm object: adaptive clipping's where it may be (``may_adapt``: a private run) and
+    ``privacy.clipping`` asks for it, with the count's noise σ_b = ``privacy.clipped_count_stddev`` or m/20; else the
+    fixed ``privacy.clip_norm``."""
+    if not (may_adapt and privacy.clipping == "adaptive"):
         return FixedClipNorm(privacy.clip_norm)
     count_stddev = privacy.clipped_count_stddev or adaptive.default_clipped_count_stddev(expected_clients)
     return AdaptiveClipNorm(privacy.clip_norm, privacy.target_quantile, privacy.clip_learning_rate, count_stddev)

@@ -15,12 +15,13 @@ from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, releases_
 
 
 class RunReleases:
-    """The releases of one run: logged in ``directory`` (none: not logged) when the run is private."""
+    """The releases of one run: logged in ``directory`` (None: not logged; a plain algorithm's run releases nothing
+    the log is for)."""
 
-    def __init__(self, directory: Path | None, private: bool, seeded: bool) -> None:
-        self.private, self.seeded = private, seeded
+    def __init__(self, directory: Path | None, seeded: bool) -> None:
+        self.seeded = seeded
         self.log = None
-        if directory is not None and private:
+        if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
             self.log = ReleaseLog(directory)
         #: Lines in the log: a checkpoint stores it, and resuming from that checkpoint accounts every line after it.
@@ -44,7 +45,7 @@ class RunReleases:
     def repeats(self, server_round: int) -> bool:
         """Whether ``server_round`` is a seeded re-run of a logged release: it repeats that release, already counted,
         and takes no new ε (nor the budget guard's)."""
-        return self.private and self.seeded and server_round in self._repeatable
+        return self.seeded and server_round in self._repeatable  # filled from the log by owed_after()
 
     def record(self, release: Release) -> None:
         """Write-ahead, before the model can leave the server (next broadcast, checkpoint): the release's log line,

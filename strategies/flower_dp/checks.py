@@ -44,7 +44,6 @@ MEAN_AGGREGATORS: tuple[type[FedAvg], ...] = (FedAvg, FedOpt, FedAdam, FedYogi, 
 _AGGREGATION_METHODS = ("aggregate_train", "_check_and_log_replies", "_compute_deltat_and_mt")
 
 
-
 def check_inner_strategy(strategy: object, num_clients: int) -> None:
     """Raise ValueError unless ``strategy`` aggregates by FedAvg's mean with unit weights and lets the wrapper
     sample (see :class:`ClientLevelDP`)."""

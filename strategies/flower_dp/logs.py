@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator
-from logging import INFO
+from logging import INFO, WARNING
 
 from flwr.app import MetricRecord
 from flwr.common.logger import log
@@ -77,3 +77,12 @@ def privacy_record(epsilon: float, delta: float, rounds_released: int, noise_std
         "dp-rounds-released": int(rounds_released),
         "dp-noise-std": float(noise_std),
     })  # fmt: skip
+
+
+def warn_of_settings(noise_multiplier: float, secure: bool, seed: int) -> None:
+    """Say what the settings give up: no noise (σ = 0), or seeded randomness."""
+    if noise_multiplier == 0:
+        log(WARNING, "ClientLevelDP: noise_multiplier=0: the rounds are released without noise (epsilon = inf)")
+    if not secure:
+        log(WARNING, "ClientLevelDP: seeded sampling and noise (seed=%d): private only while the seed stays "
+                     "secret; use secure=True outside tests and simulations", seed)  # fmt: skip

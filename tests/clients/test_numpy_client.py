@@ -36,8 +36,9 @@ from clients.numpy_mod import keyed
 from fl_app.config import compose_config
 from fl_app.instructions import CohortReply, FlowerReply
 from fl_app.models import build_model_for_dataset, evaluate, get_weights, set_weights
+from strategies import ClientLevelDP
 from strategies.base import FederatedStrategy
-from strategies.flower_dp import UNIT_WEIGHT, ClientLevelDP
+from strategies.flower_dp import UNIT_WEIGHT
 from strategies.rounds import RoundPlan
 from tests.helpers import InProcessGrid, build
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)

@@ -314,14 +314,18 @@ import sys
 from flwr.app import Context, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 from strategies.base import FederatedStrategy
+from strategies.client_level_dp import RegisteredDP
 from tests.helpers import InProcessGrid
 
-_init = FederatedStrategy.__init__
-def _tiny_init(self, config=None, /, **kwargs):
-    if config is None:
-        kwargs = {"max_train_samples": 1000, "max_test_samples": 200, **kwargs}
-    _init(self, config, **kwargs)
-FederatedStrategy.__init__ = _tiny_init
+def _tiny(cls):
+    init = cls.__init__
+    def tiny_init(self, config=None, /, **kwargs):
+        if config is None:
+            kwargs = {"max_train_samples": 1000, "max_test_samples": 200, **kwargs}
+        init(self, config, **kwargs)
+    cls.__init__ = tiny_init
+_tiny(FederatedStrategy)
+_tiny(RegisteredDP)  # a named DP strategy composes its config before its algorithm is built
 TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0  # what Flower sets in a ServerApp process
 
 for path in sys.argv[1:]:

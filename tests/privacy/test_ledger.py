@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 from flwr.app import ArrayRecord
 
+from fl_app.config import DPConfig
 from fl_app.privacy.accountants import compute_epsilon
 from fl_app.privacy.fdp import gdp_to_epsilon, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger, SampledGaussianLedger
-from strategies.dp_fedavg import DPFedAvg
+from strategies import ClientLevelDP, FedAvg, PrivateRounds
 from tests.helpers import FakeGrid, build, zeros
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
@@ -65,16 +66,17 @@ class HalfRoundsLedger(SampledGaussianLedger):
         return super().projected_epsilon(noise_multiplier, sample_rate, 2 * rounds)
 
 
-class DoubleCountingDPFedAvg(DPFedAvg):
-    def make_ledger(self) -> PrivacyLedger:
-        p = self.config.privacy
-        return HalfRoundsLedger(p.delta, p.accountant, p.sampling, self.num_clients)
+class DoubleCounting(PrivateRounds):
+    """Client-level DP rounds accounted by the test's ledger."""
+
+    def ledger(self, privacy: DPConfig, num_clients: int) -> PrivacyLedger:
+        return HalfRoundsLedger(privacy.delta, privacy.accountant, privacy.sampling, num_clients)
 
 
 def test_a_strategy_that_brings_its_own_ledger_is_accounted_by_it_everywhere(tmp_path):
     overrides = ["strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2", "privacy.max_epsilon=3"]
     config = build(*overrides).config
-    strategy = DoubleCountingDPFedAvg(config, checkpoint_dir=tmp_path)
+    strategy = ClientLevelDP(FedAvg(config, checkpoint_dir=tmp_path), private_rounds=DoubleCounting())
     strategy.start(FakeGrid(), ArrayRecord(zeros([(4, 5)])), num_rounds=10)
     # The round loop, the budget guard and run.json's claim all went through the test's ledger.
     rounds = strategy.ledger.rounds

@@ -33,6 +33,7 @@ from fl_app.privacy.pipeline import (
     run_client_steps,
     run_server_steps,
 )
+from strategies import ClientLevelDP, FedAvg
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from tests.helpers import InProcessGrid
@@ -133,7 +134,7 @@ class Halve(Mechanism):
         return [a * 2.0 for a in average]
 
 
-class HalvedDPFedAvg(DPFedAvg):
+class HalvedFedAvg(FedAvg):
     def client_recipe(self) -> RecipeSpec:
         return RecipeSpec(kind="halved")
 
@@ -153,7 +154,7 @@ def test_a_mechanism_added_as_one_class_runs_on_the_clients_and_the_server(monke
     monkeypatch.setitem(RECIPES, "halved", lambda p: (Clip(), Halve(calls), GaussianNoise()))
     config = compose_config(SMALL)
     initial = ArrayRecord(get_weights(build_model_for_dataset("cnn", "fashion_mnist", seed=0)))
-    halved = HalvedDPFedAvg(config).start(InProcessGrid(nodes=2), initial, num_rounds=1)
+    halved = ClientLevelDP(HalvedFedAvg(config)).start(InProcessGrid(nodes=2), initial, num_rounds=1)
     plain = DPFedAvg(config).start(InProcessGrid(nodes=2), initial, num_rounds=1)
     sampled = calls.count("client")
     assert sampled >= 1 and calls.count("server") == 1  # every sampled client, then the server once

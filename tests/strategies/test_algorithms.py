@@ -25,6 +25,7 @@ from fl_app.metrics import MetricsWriter, read_metrics
 from fl_app.privacy.mechanisms import global_l2_norm, kept_count, make_rng
 from strategies.base import FederatedStrategy
 from strategies.blur import DPFedAvgBLUR, DPFedAvgBLURS
+from strategies.client_level_dp import ClientLevelDP
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
 from strategies.registry import build_strategy, strategy_class
@@ -473,5 +474,8 @@ def test_every_strategy_preset_composes_into_the_class_it_names(name):
     cls = strategy_class(name)
     strategy = build_strategy(config)
     assert type(strategy) is cls
-    assert isinstance(strategy, FederatedStrategy)
+    # A plain strategy, one private by its own mechanism, or the client-level DP layer over a plain one.
+    assert isinstance(strategy, (FederatedStrategy, ClientLevelDP))
+    if isinstance(strategy, ClientLevelDP):
+        assert type(strategy.strategy) is cls.algorithm and strategy.strategy.privacy is not None
     assert isinstance(strategy.dp_guarantee()["dp_guarantee"], str)

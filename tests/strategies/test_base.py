@@ -406,7 +406,7 @@ def test_secure_noise_is_not_reproducible():
 
 def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
     strategy = build("strategy=fedavg", *SMALL_POP)
-    assert isinstance(strategy, FedAvg) and not strategy.private
+    assert isinstance(strategy, FedAvg) and strategy.privacy is None and strategy.budget is None
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     big = with_norm(SMALL_SHAPES, 1e3, seed=1)
     small = with_norm(SMALL_SHAPES, 0.1, seed=2)

@@ -62,10 +62,11 @@ def test_the_default_sampler_of_dp_ftrl_is_cyclic_and_its_rule_comes_from_q() ->
         (["strategy=dp_fedavg", "privacy.sampling=cyclic"], "its accounting assumes one of these samplers"),
         (["strategy=dp_fedavg", "privacy.min_separation=3"], "a participation rule is for sampling=cyclic"),
         (["strategy=dp_ftrl_fedavg", "privacy.sample_rate=0.3"], "1/min_separation"),
-        (["strategy=dp_ftrl_fedavg", "privacy.sampling=cyclic", "privacy.max_participations=1", "num_rounds=20"],
-         "ceil(T/b)"),
-        (["strategy=dp_ftrl_fedavg", "privacy.placement=client", "privacy.sampling=available"],
-         "cannot hold it"),
+        (
+            ["strategy=dp_ftrl_fedavg", "privacy.sampling=cyclic", "privacy.max_participations=1", "num_rounds=20"],
+            "ceil(T/b)",
+        ),
+        (["strategy=dp_ftrl_fedavg", "privacy.placement=client", "privacy.sampling=available"], "cannot hold it"),
         (["strategy=dp_ftrl_fedsam", "privacy.clipping=adaptive"], "joint accounting"),
         (["strategy=dp_ftrl_fedavg", "strategy.factorization=toeplitz"], "blt | banded | identity"),
     ],
@@ -81,8 +82,10 @@ def test_refusals_at_construction_name_their_reason() -> None:
     with pytest.raises(ConfigError, match="client_statistics=noisy"):
         build("strategy=dp_ftrl_fedavg", "privacy.client_statistics=noisy", *SMALL)
     with pytest.raises(ConfigError, match="an accountant cannot be given"):
-        DPFTRLFedAvg(compose_config(["strategy=dp_ftrl_fedavg", *SMALL]),
-                     accountant=create_accountant("rdp", privacy_config(0.05, "poisson", 20)))
+        DPFTRLFedAvg(
+            compose_config(["strategy=dp_ftrl_fedavg", *SMALL]),
+            accountant=create_accountant("rdp", privacy_config(0.05, "poisson", 20)),
+        )
     with pytest.raises(ValueError, match="bands"):
         build("strategy=dp_ftrl_fedavg", "strategy.factorization=banded", "strategy.bands=5", *SMALL)
 

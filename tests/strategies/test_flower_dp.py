@@ -49,8 +49,8 @@ from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accountants import SampledGaussianEvent, compute_epsilon
 from fl_app.privacy.ledger import SampledGaussianLedger
 from fl_app.releases import ReleaseLog, model_digest
-from strategies import DPFedAvg
-from strategies.flower_dp import NOISE_STREAM, SAMPLING_STREAM, UNIT_WEIGHT, ClientLevelDP, replies
+from strategies import ClientLevelDP, DPFedAvg
+from strategies.flower_dp import NOISE_STREAM, SAMPLING_STREAM, UNIT_WEIGHT, replies
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
 DIM = 5

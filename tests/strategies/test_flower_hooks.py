@@ -18,6 +18,7 @@ from fl_app.config import ConfigError, compose_config
 from fl_app.models import build_model_for_dataset, get_weights
 from fl_app.privacy.accountants import compute_epsilon
 from fl_app.releases import ReleaseLog, model_digest
+from strategies import ClientLevelDP, FedAvg
 from strategies.base import FederatedStrategy
 from strategies.dp_fedavg import DPFedAvg
 from strategies.registry import build_strategy
@@ -96,8 +97,9 @@ def test_flowers_own_start_stops_at_the_budget_guard_and_releases_nothing_more()
     assert strategy.stop_reason is not None and "budget guard" in strategy.stop_reason
 
 
-class CountingHooks(DPFedAvg):
-    """A user's subclass customising the round the Flower way: overrides of both hooks that call super()."""
+class CountingHooks(FedAvg):
+    """A user's subclass customising the round the Flower way: overrides of both hooks that call super() (made
+    private by the client-level DP layer around it)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -114,7 +116,7 @@ class CountingHooks(DPFedAvg):
 
 
 def test_our_start_runs_a_subclasss_hooks() -> None:
-    strategy = CountingHooks(compose_config(["strategy=dp_fedavg", *SMALL]))
+    strategy = ClientLevelDP(CountingHooks(compose_config(["strategy=dp_fedavg", *SMALL])))
     assert not strategy.takes_replies_as_they_arrive  # its aggregate_train sees every reply
     grid = InProcessGrid(nodes=2)
     result = strategy.start(grid, _initial(strategy.config), num_rounds=2)

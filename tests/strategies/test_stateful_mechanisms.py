@@ -16,6 +16,7 @@ from fl_app.checkpoint import load_checkpoint
 from fl_app.config import compose_config
 from fl_app.privacy.accountants import SampledGaussianEvent, compute_epsilon
 from fl_app.privacy.pipeline import GaussianNoise, Mechanism, ReleaseParameters, ServerStep
+from strategies import ClientLevelDP, FedAvg
 from strategies.dp_fedavg import DPFedAvg
 from tests.helpers import FakeGrid, random_update
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
@@ -50,25 +51,27 @@ class RoundsSeen(Mechanism):
         self.rounds = int(state["rounds"])
 
 
-class CountingDPFedAvg(DPFedAvg):
+class CountingFedAvg(FedAvg):
+    """A user's algorithm: FedAvg with one more server step (the DP layer around it is ClientLevelDP's)."""
+
     def server_mechanisms(self) -> tuple[Mechanism, ...]:
         return (RoundsSeen(),)
 
 
-def _counter(strategy: DPFedAvg) -> RoundsSeen:
+def _counter(strategy: ClientLevelDP) -> RoundsSeen:
     (counter,) = [m for m in strategy.mechanisms if isinstance(m, RoundsSeen)]
     return counter
 
 
 def test_a_mechanism_keeps_its_state_across_rounds_and_a_resume(tmp_path: Path) -> None:
     initial = ArrayRecord(random_update(SHAPES, 0.1, seed=0))
-    first = CountingDPFedAvg(compose_config(RUN), checkpoint_dir=tmp_path)
+    first = ClientLevelDP(CountingFedAvg(compose_config(RUN), checkpoint_dir=tmp_path))
     first.start(FakeGrid(), initial, num_rounds=2)
     assert _counter(first).rounds == 2  # one object for the whole run, not rebuilt each round
     checkpoint = load_checkpoint(tmp_path)
     assert checkpoint.round == 2 and checkpoint.strategy_state["mechanisms"][-1] == {"rounds": 2}
 
-    resumed = CountingDPFedAvg(compose_config(RUN), checkpoint_dir=tmp_path, resume_from=checkpoint)
+    resumed = ClientLevelDP(CountingFedAvg(compose_config(RUN), checkpoint_dir=tmp_path, resume_from=checkpoint))
     assert _counter(resumed).rounds == 2  # restored when built
     resumed.start(FakeGrid(), initial, num_rounds=3)
     assert _counter(resumed).rounds == 3
@@ -93,7 +96,7 @@ class HalfStrengthNoise(GaussianNoise):
         return SampledGaussianEvent(release.noise_multiplier / 2, release.sample_rate)
 
 
-class ConservativeDPFedAvg(DPFedAvg):
+class ConservativeFedAvg(FedAvg):
     def server_mechanisms(self) -> tuple[Mechanism, ...]:
         return ()
 
@@ -102,14 +105,14 @@ class ConservativeDPFedAvg(DPFedAvg):
         return tuple(HalfStrengthNoise() if type(m) is GaussianNoise else m for m in super().mechanisms)
 
 
-class NoEventDPFedAvg(DPFedAvg):
+class NoEventFedAvg(FedAvg):
     @cached_property
     def mechanisms(self) -> tuple[Mechanism, ...]:
         return tuple(m for m in super().mechanisms if not isinstance(m, GaussianNoise))
 
 
 def test_the_ledger_composes_the_event_its_mechanisms_report() -> None:
-    strategy = ConservativeDPFedAvg(compose_config(RUN))
+    strategy = ClientLevelDP(ConservativeFedAvg(compose_config(RUN)))
     strategy.start(FakeGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=2)
     sigma, delta = strategy.accounted_noise_multiplier, strategy.config.privacy.delta
     assert strategy.epsilon() == pytest.approx(compute_epsilon(sigma / 2, 0.2, 2, delta), rel=1e-12)
@@ -117,7 +120,7 @@ def test_the_ledger_composes_the_event_its_mechanisms_report() -> None:
 
 
 def test_a_private_pipeline_without_a_privacy_event_is_refused_before_any_message() -> None:
-    strategy = NoEventDPFedAvg(compose_config(RUN))
+    strategy = ClientLevelDP(NoEventFedAvg(compose_config(RUN)))
     grid = FakeGrid()
     with pytest.raises(RuntimeError, match="makes a privacy event"):
         strategy.start(grid, ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=1)

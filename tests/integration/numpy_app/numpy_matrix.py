@@ -30,7 +30,8 @@ from clients.numpy_client import InstructedNumPyClient, numpy_client_mod, train_
 from fl_app.config import compose_config
 from fl_app.instructions import DataSpec
 from fl_app.models import build_model_for_dataset
-from strategies.flower_dp import UNIT_WEIGHT, ClientLevelDP
+from strategies import DPOverFlowerMean
+from strategies.flower_dp import UNIT_WEIGHT
 
 ROUNDS = 2
 #: Our DP-FedSAM over 8 clients on 2 SuperNodes: m = 4 a round, one cohort message of 2 clients per SuperNode.
@@ -121,7 +122,7 @@ def message_log(msg: Message, context: Context, call_next: Any) -> Message:
 client_app = ClientApp(client_fn=client_fn, mods=[message_log, numpy_client_mod])
 
 
-class Observed(ClientLevelDP):
+class Observed(DPOverFlowerMean):
     """Keeps every round's reply counts (``last_round_counts`` holds the last one only)."""
 
     counts: ClassVar[list[dict[str, Any]]] = []

@@ -1,36 +1,30 @@
-"""Client-level (ε, δ)-DP as a wrapper around Flower's own FedAvg-family strategies (DP-FedAvg: McMahan, Ramage,
-Talwar, Zhang, "Learning Differentially Private Recurrent Language Models", ICLR 2018).
+"""The client-level DP layer around Flower's own FedAvg-family strategies (DP-FedAvg: McMahan, Ramage, Talwar,
+Zhang, ICLR 2018): what ``ClientLevelDP(FedAdam(...), ...)`` builds (strategies/client_level_dp.py).
 
-:class:`ClientLevelDP` wraps a ``flwr.serverapp.strategy.FedAvg`` (or FedAvgM, FedProx, FedAdam, FedYogi,
-FedAdagrad) and makes every training round the sampled Gaussian mechanism that this project accounts, as
-docs/mechanisms.md states it (sampling: 1; the mechanism: 2–4; accounting: 6–8):
+:class:`DPOverFlowerMean` wraps a ``flwr.serverapp.strategy.FedAvg`` (or FedAvgM, FedProx, FedAdam, FedYogi,
+FedAdagrad) and makes every training round the sampled Gaussian mechanism of docs/mechanisms.md (sampling: 1; the
+mechanism: 2–4; accounting: 6–8):
 
-- sampling: the wrapper draws the round's clients itself — Poisson(q) over the M connected nodes (one client a
-  node), or exactly m = qM of them without replacement — from the OS CSPRNG (``secure=True``) or the seeded stream
-  (seed, k, :data:`SAMPLING_STREAM`) of the k-th round it starts; the inner strategy only builds the messages (its
-  config goes along, e.g. FedProx's ``proximal-mu``), and the wrapper sends those of the sampled nodes.
-- the mechanism: each accepted reply's update Δ_i = trained − global (float64) is clipped to global L2 norm C,
-  and the round releases w + (1/m) Σ_i Δ̃_i + Z with Z ~ N(0, (σC/m)²·I) over the FIXED denominator m = qM, whoever
-  answered. The wrapper obtains it *through the inner strategy's own mean*: it hands the inner strategy n replies
-  w + (n/m)·Δ̃_i + Z (the same Z on each) of unit weight, whose unweighted mean is exactly
-  w + (1/m) Σ Δ̃_i + Z (with no accepted reply, one synthetic reply w + Z: the noise is released whoever answers).
-  Whatever the inner strategy does with that mean afterwards (FedAdam's Adam step on the pseudo-gradient, FedAvgM's
-  momentum) is post-processing. Its result is cast back to the model's dtypes.
-- accounting: each release is written ahead to ``release_dir``'s release log (:mod:`fl_app.releases`), then
-  accounted, and only then returned: the ledger is our strategies' (:class:`~fl_app.privacy.ledger.
-  SampledGaussianLedger`: RDP/PRV/PLD for Poisson, the without-replacement RDP event for fixed-size sampling, or an
-  accountant with Flower's ``PrivacyAccountant`` interface, Flower's ``RdpAccountant`` included), and it composes the
-  privacy events of our ``dense`` recipe's mechanisms (clip, Gaussian noise: :mod:`fl_app.privacy.pipeline`), as
-  our strategies' rounds do. :attr:`ClientLevelDP.accountant` is that accountant. The budget guard stops before the
-  round that would pass ``max_epsilon``. The arguments follow our strategies' ``privacy`` config rules
-  (:func:`strategies.flower_dp.checks.check_arguments`): σ = 0 runs, without noise, and is stated as ε = ∞.
+- sampling: the layer draws the round's clients itself (Poisson(q) over the M connected nodes, one client a node,
+  or exactly m = qM without replacement) from the OS CSPRNG (``secure=True``) or the seeded stream (seed, k,
+  :data:`SAMPLING_STREAM`) of the k-th round it starts; the inner strategy only builds the messages (its config
+  goes along, e.g. FedProx's ``proximal-mu``), and the layer sends those of the sampled nodes.
+- the mechanism: each accepted reply's update Δ_i = trained − global (float64) is clipped to global L2 norm C, and
+  the round releases w + (1/m) Σ_i Δ̃_i + Z, Z ~ N(0, (σC/m)²·I), over the FIXED m whoever answered, *through the
+  inner strategy's own mean*: n replies w + (n/m)·Δ̃_i + Z of unit weight, whose unweighted mean is exactly that
+  (with no accepted reply, one synthetic reply w + Z). What the inner strategy does with the mean afterwards
+  (FedAdam's step, FedAvgM's momentum) is post-processing; its result is cast back to the model's dtypes.
+- accounting: each release is written ahead to ``release_dir``'s log (:mod:`fl_app.releases`), accounted by our
+  strategies' ledger (RDP/PRV/PLD, the without-replacement RDP event, or an accountant with Flower's
+  ``PrivacyAccountant`` interface) over our ``dense`` recipe's privacy events, and only then returned. The budget
+  guard stops before the round that would pass ``max_epsilon``; the arguments follow our ``privacy`` config's rules
+  (:func:`strategies.flower_dp.checks.check_arguments`): σ = 0 runs, without noise, stated as ε = ∞.
 
-The guarantee is ours, not Flower's ``DifferentialPrivacyServerSideFixedClipping``'s: that wrapper divides by the
-number of replies, lets FedAvg weight them by ``num-examples`` and samples with ``random.sample``; here the
-sensitivity C/m holds by construction and strategies whose aggregate is not a mean are refused before the first
-message. Client-reported metrics are outside ε: training returns no metrics (its ε, δ, releases and noise std are
-logged and kept in ``privacy_metrics``); evaluation is the inner strategy's, its metrics, as Flower's wrapper says
-of its own, not covered. How to use it: docs/client_level_dp.md.
+Unlike Flower's ``DifferentialPrivacyServerSideFixedClipping`` (which divides by the number of replies, lets FedAvg
+weight them by ``num-examples`` and samples with ``random.sample``), the sensitivity C/m holds by construction and
+strategies whose aggregate is not a mean are refused before the first message. Client-reported metrics are outside
+ε: training returns none (ε, δ, releases and the noise std are logged and kept in ``privacy_metrics``); evaluation
+is the inner strategy's, not covered. How to use it: docs/client_level_dp.md.
 """
 
 from __future__ import annotations
@@ -55,11 +49,13 @@ from fl_app.instructions import RecipeSpec
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger, accountant_name
 from fl_app.privacy.pipeline import mechanisms_for
+from strategies.base import FederatedStrategy
 from strategies.client_dp import PrivacyBudget
 from strategies.client_dp.clipping import FixedClipNorm
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
 from strategies.client_dp.sampling import AmplifiedSampler, fixed_denominator
+from strategies.client_level_dp import ClientLevelDP
 from strategies.flower_dp.checks import (
     NOISE_STREAM,
     SAMPLING_STREAM,
@@ -68,7 +64,7 @@ from strategies.flower_dp.checks import (
     check_inner_strategy,
     check_release_dir,
 )
-from strategies.flower_dp.logs import inner_round_lines_dropped, log_summary, privacy_record
+from strategies.flower_dp.logs import inner_round_lines_dropped, log_summary, privacy_record, warn_of_settings
 from strategies.flower_dp.replies import (
     PlannedRound,
     causes,
@@ -81,14 +77,13 @@ from strategies.flower_dp.replies import (
     with_unit_weight,
 )
 
-__all__ = ["NOISE_STREAM", "SAMPLING_STREAM", "UNIT_WEIGHT", "ClientLevelDP"]
+__all__ = ["NOISE_STREAM", "SAMPLING_STREAM", "UNIT_WEIGHT", "DPOverFlowerMean"]
 
 
-class ClientLevelDP(Strategy):
-    """Client-level (ε, δ)-DP training rounds (DP-FedAvg; docs/client_level_dp.md) around a FedAvg-family ``strategy``.
-
-    Every argument is checked here, before the first message (ValueError naming it; the privacy arguments by the
-    rules of our strategies' ``privacy`` config).
+class DPOverFlowerMean(ClientLevelDP):
+    """Client-level (ε, δ)-DP rounds (DP-FedAvg; docs/client_level_dp.md) around a FedAvg-family ``strategy`` of
+    Flower's: what ``ClientLevelDP(FedAdam(...), ...)`` builds. Every argument is checked here, before the first
+    message (ValueError naming it; the privacy arguments by the rules of our strategies' ``privacy`` config).
 
     Parameters
     ----------
@@ -149,7 +144,7 @@ class ClientLevelDP(Strategy):
         release_dir: str | Path | None = None,
         max_empty_rounds: int = 3,
     ) -> None:
-        super().__init__()
+        Strategy.__init__(self)
         privacy = check_arguments(num_clients, sample_rate, clip_norm, noise_multiplier, delta, sampling, accountant,
                                   max_epsilon, secure, seed)  # fmt: skip
         check_inner_strategy(strategy, num_clients)
@@ -185,12 +180,12 @@ class ClientLevelDP(Strategy):
         self.last_round_counts: dict[str, Any] | None = None
         #: The write-ahead release log in ``release_dir`` (not logged without one): our strategies' policy object.
         directory = None if release_dir is None else Path(release_dir)
-        self.releases = RunReleases(directory, private=True, seeded=not self.secure)
+        self.releases = RunReleases(directory, seeded=not self.secure)
         self._account_earlier_releases()
         #: Rounds this wrapper has started (sent a sample to): the key k of the seeded streams of the next is k + 1.
         self.rounds_started = 0
         self._round: PlannedRound | None = None
-        self._warn_of_settings()
+        warn_of_settings(self.noise_multiplier, self.secure, self.seed)
 
     def _budget(self, accountant: AccountantName | PrivacyAccountant) -> PrivacyBudget:
         """Our ledger over ``accountant`` (a name or Flower's interface), composing the privacy events of our
@@ -210,13 +205,11 @@ class ClientLevelDP(Strategy):
                 raise ValueError(f"ClientLevelDP argument accountant={name}: {exc}") from None
         return budget
 
-    def _warn_of_settings(self) -> None:
-        """Say what the settings give up: no noise (σ = 0), or seeded randomness."""
-        if self.noise_multiplier == 0:
-            log(WARNING, "ClientLevelDP: noise_multiplier=0: the rounds are released without noise (epsilon = inf)")
-        if not self.secure:
-            log(WARNING, "ClientLevelDP: seeded sampling and noise (seed=%d): private only while the seed stays "
-                         "secret; use secure=True outside tests and simulations", self.seed)  # fmt: skip
+    @classmethod
+    def wraps(cls, strategy: object) -> bool:
+        """A Flower strategy that is not one of this project's (what it accepts of them: :func:`check_inner_strategy`,
+        which refuses the others naming what is accepted)."""
+        return isinstance(strategy, Strategy) and not isinstance(strategy, FederatedStrategy)
 
     # ----- The guarantee -----------------------------------------------------------------------------------------
 
@@ -272,9 +265,19 @@ class ClientLevelDP(Strategy):
 
     def summary(self) -> None:
         """Log the DP settings, then the inner strategy's (:func:`strategies.flower_dp.logs.log_summary`)."""
-        log_summary(self.sampling, self.sample_rate, self.num_clients, self.expected_clients, self.clip_norm,
-                    self.noise_multiplier, self.noise_std, self.accountant_name, self.delta, self.max_epsilon,
-                    str(self.randomness))
+        log_summary(
+            self.sampling,
+            self.sample_rate,
+            self.num_clients,
+            self.expected_clients,
+            self.clip_norm,
+            self.noise_multiplier,
+            self.noise_std,
+            self.accountant_name,
+            self.delta,
+            self.max_epsilon,
+            str(self.randomness),
+        )
         self.strategy.summary()
 
     # ----- Training ----------------------------------------------------------------------------------------------
@@ -380,8 +383,6 @@ class ClientLevelDP(Strategy):
         except InconsistentMessageReplies as exc:
             log(WARNING, "aggregate_evaluate: round %d skipped: %s", server_round, exc)
             return None
-
-    # ----- Internals ---------------------------------------------------------------------------------------------
 
     def _account_earlier_releases(self) -> None:
         """Every model an earlier run logged in ``release_dir`` left the server and is spent, whichever run released

@@ -1,0 +1,119 @@
+"""strategies/client_level_dp.py: client-level DP is one layer around a plain strategy. ``ClientLevelDP(FedSAM(...))``
+built by hand is ``strategy=dp_fedsam`` from Hydra, bit for bit (model and ε, through real local training: the
+ClientApp's handler in this process, :class:`tests.helpers.InProcessGrid`); the strategy it wraps stays plain; what it
+cannot wrap is refused before anything runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord
+from flwr.serverapp import RdpAccountant
+from flwr.serverapp.strategy import FedAdam
+
+from fl_app.config import ConfigError, compose_config
+from fl_app.models import build_model_for_dataset, get_weights
+from fl_app.privacy.accountants import compute_epsilon
+from fl_app.privacy.accountants.interface import privacy_config
+from strategies import (
+    UNIT_WEIGHT,
+    ClientLevelDP,
+    DPFedSAM,
+    DPOverFlowerMean,
+    DPOverRounds,
+    FedAvg,
+    FedSAM,
+    NoisyFedAvg,
+    PrivateRounds,
+)
+from strategies.registry import build_strategy
+from tests.helpers import InProcessGrid
+from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
+
+SMALL = [
+    "dataset.num_clients=20",
+    "dataset.max_train_samples=400",  # 20 images a client
+    "dataset.max_test_samples=100",
+    "privacy.sample_rate=0.2",
+    "privacy.noise_stream=per_run",  # the noise is keyed by the whole config: the two runs must agree on it
+]
+
+
+def _run(strategy, rounds: int = 2) -> list[np.ndarray]:
+    config = strategy.config
+    model = build_model_for_dataset(config.model.name, config.dataset.name, seed=0)
+    result = strategy.start(InProcessGrid(nodes=2), ArrayRecord(get_weights(model)), num_rounds=rounds)
+    return result.arrays.to_numpy_ndarrays()
+
+
+def test_client_level_dp_around_fedsam_by_hand_is_hydras_dp_fedsam_bit_for_bit() -> None:
+    config = compose_config(["strategy=dp_fedsam", *SMALL])
+    from_hydra = build_strategy(config)
+    by_hand = ClientLevelDP(FedSAM(config))
+    assert type(from_hydra) is DPFedSAM and type(by_hand) is DPOverRounds
+    hydra_model, hand_model = _run(from_hydra), _run(by_hand)
+    for a, b in zip(hydra_model, hand_model, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert by_hand.epsilon() == from_hydra.epsilon() > 0
+    assert by_hand.dp_guarantee() == from_hydra.dp_guarantee()
+    p = config.privacy
+    assert by_hand.epsilon() == pytest.approx(
+        compute_epsilon(by_hand.accounted_noise_multiplier, p.sample_rate, 2, p.delta), rel=1e-12
+    )
+
+
+def test_the_layers_keywords_are_privacy_settings_and_equal_the_named_strategys() -> None:
+    settings = {"num_clients": 20, "num_rounds": 2, "sample_rate": 0.2}
+    privacy = {"clip_norm": 0.3, "noise_multiplier": 1.3, "delta": 1e-4, "accountant": "prv"}
+    by_hand = ClientLevelDP(FedSAM(**settings), **privacy)
+    named = DPFedSAM(**settings, **privacy)
+    for key, value in privacy.items():
+        assert getattr(by_hand.config.privacy, key) == getattr(named.config.privacy, key) == value
+    assert by_hand.budget.projected_epsilon() == named.budget.projected_epsilon()
+    assert by_hand.accountant.state_dict() == named.accountant.state_dict()
+
+
+def test_the_wrapped_strategy_is_left_plain_and_the_layer_runs_a_private_rebuild() -> None:
+    plain = FedAvg(num_clients=20, num_rounds=2)
+    layer = ClientLevelDP(plain, noise_multiplier=1.0)
+    assert plain.privacy is None and plain.budget is None and plain.noisy_average is None
+    assert isinstance(layer.strategy, FedAvg) and layer.strategy is not plain
+    assert layer.strategy.privacy == PrivateRounds() and layer.budget is not None
+    assert layer.noisy_average is not None and layer.config.privacy.noise_multiplier == 1.0
+
+
+def test_a_flower_accountant_accounts_the_layers_releases() -> None:
+    accountant = RdpAccountant(privacy_config(1e-3, "poisson", 20))
+    layer = ClientLevelDP(FedAvg(num_clients=20, num_rounds=2), accountant=accountant, delta=1e-3)
+    assert layer.accountant is accountant and layer.strategy.privacy == PrivateRounds(accountant)
+
+
+def test_the_layer_is_chosen_by_the_strategy_it_wraps() -> None:
+    flower = FedAdam(weighted_by_key=UNIT_WEIGHT, fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
+    wrapped = ClientLevelDP(flower, num_clients=2, sample_rate=0.5, clip_norm=1.0, noise_multiplier=1.0)
+    assert type(wrapped) is DPOverFlowerMean and isinstance(wrapped, ClientLevelDP)
+    assert isinstance(ClientLevelDP(FedAvg(num_clients=20)), DPOverRounds)
+
+
+def test_what_the_layer_cannot_wrap_is_refused_before_anything_runs() -> None:
+    with pytest.raises(TypeError, match="ClientLevelDP wraps one of this project's plain strategies"):
+        ClientLevelDP(object())
+    with pytest.raises(ValueError, match="private by its own mechanism"):
+        ClientLevelDP(NoisyFedAvg(num_clients=20))
+    with pytest.raises(TypeError, match="clip_nrom not a privacy setting"):
+        ClientLevelDP(FedAvg(num_clients=20), clip_nrom=0.1)
+    with pytest.raises(ConfigError, match=r"privacy\.noise_multiplier"):
+        ClientLevelDP(FedAvg(num_clients=20), noise_multiplier=-1.0)
+
+
+def test_a_subclass_of_the_layer_names_the_kind_it_wraps() -> None:
+    class Counting(ClientLevelDP):
+        pass
+
+    with pytest.raises(TypeError, match=r"subclass DPOverRounds .* or DPOverFlowerMean"):
+        Counting(FedAvg(num_clients=20))
+
+    class CountingRounds(DPOverRounds):
+        pass
+
+    assert isinstance(CountingRounds(FedAvg(num_clients=20)).strategy.privacy, PrivateRounds)
