@@ -45,26 +45,32 @@ class ClientLevelDP(Strategy):
     strategy (:meth:`wraps`). TypeError for a strategy no subclass wraps."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ClientLevelDP:
-        if cls is not ClientLevelDP and not any(issubclass(cls, kind) for kind in ClientLevelDP.__subclasses__()):
-            raise TypeError(
-                f"{cls.__name__} subclasses ClientLevelDP, whose instance is the layer for the kind of strategy it "
-                "wraps: subclass DPOverRounds (this project's strategies) or DPOverFlowerMean (Flower's FedAvg family)"
-            )
+        kinds = _kinds()
         if cls is ClientLevelDP:
             strategy = args[0] if args else kwargs.get("strategy")
-            kinds = [sub for sub in ClientLevelDP.__subclasses__() if sub.wraps(strategy)]
-            if len(kinds) != 1:
+            wrapping = [kind for kind in kinds if kind.wraps(strategy)]
+            if len(wrapping) != 1:
                 raise TypeError(
                     f"ClientLevelDP wraps one of this project's plain strategies (strategies.FedAvg, FedSAM, ...) or "
                     f"one of Flower's FedAvg family, not {type(strategy).__name__}"
                 )
-            cls = kinds[0]
+            cls = wrapping[0]
+        elif not issubclass(cls, tuple(kinds)):
+            raise TypeError(
+                f"{cls.__name__} subclasses ClientLevelDP, whose instance is the layer for the kind of strategy it "
+                "wraps: subclass DPOverRounds (this project's strategies) or DPOverFlowerMean (Flower's FedAvg family)"
+            )
         return super().__new__(cls)
 
     @classmethod
     def wraps(cls, strategy: object) -> bool:
         """Whether this subclass is the layer for ``strategy``."""
         return False
+
+
+def _kinds() -> list[type[ClientLevelDP]]:
+    """The layer's kinds: the direct subclasses of :class:`ClientLevelDP` that say which strategies they wrap."""
+    return [kind for kind in ClientLevelDP.__subclasses__() if "wraps" in kind.__dict__]
 
 
 class DPOverRounds(ClientLevelDP):
