@@ -29,7 +29,7 @@ from dataclasses import replace
 from functools import cached_property, partial
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -38,8 +38,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fl_app.checkpoint import Checkpoint
-from fl_app.config import AppConfig, ConfigError, StrategyConfig, compose_config, noise_stream_key, settings_overrides
-from fl_app.core.choices import AMPLIFIED_SAMPLINGS, LocalOptimizer
+from fl_app.config import AppConfig, ConfigError, compose_config, noise_stream_key, settings_overrides
 from fl_app.empty_rounds import EmptyRoundWatch
 from fl_app.instructions import (
     LocalTrainingConfig,
@@ -50,7 +49,6 @@ from fl_app.instructions import (
     make_train_instructions,
 )
 from fl_app.metrics import OPERATOR_FILE, MetricsWriter
-from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.pipeline import (
     Mechanism,
     mechanisms_for,
@@ -64,7 +62,8 @@ from strategies.client_dp.private_rounds import PrivateRounds
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
 from strategies.client_dp.sampling import ClientSampler, client_sampler, fixed_denominator, log_refusals
-from strategies.cohorts import balance_cohorts, cohort_count, local_work
+from strategies.cohorts import plan_cohorts
+from strategies.declarations import StrategyDeclarations
 from strategies.flower_step import server_step
 from strategies.guarantee import Guarantee
 from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
@@ -82,28 +81,10 @@ from strategies.statistics import ClientStatistics, released_line
 AccountedFn = Callable[["FederatedStrategy"], None]
 
 
-class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strategy):
+class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunState, RoundLoop, Strategy):
     """Sampling, validation, uniform aggregation, accounting, metrics: a plain algorithm, or (built with
-    :class:`PrivateRounds`, as :class:`strategies.client_level_dp.ClientLevelDP` builds it) client-level DP rounds."""
-
-    #: The local optimizer of the client recipe.
-    local_optimizer: ClassVar[LocalOptimizer] = "sgd"
-    #: The strategy's settings (``strategy.*``): a :class:`fl_app.config.StrategyConfig` subclass that validates
-    #: its own fields; only these keys are accepted for the strategy.
-    settings_class: ClassVar[type[StrategyConfig]] = StrategyConfig
-    #: Whether ``privacy.client_statistics=noisy`` can be accounted (needs the sampled-Gaussian accountant).
-    supports_noisy_statistics: ClassVar[bool] = True
-    #: Why the strategy cannot run canary clients (``audit``), or None if it can (fl_app/config.py checks it).
-    audit_refusal: ClassVar[str | None] = None
-    #: Why the strategy cannot clip adaptively (``privacy.clipping=adaptive``), or None if it can.
-    adaptive_clipping_refusal: ClassVar[str | None] = None
-    #: Why the strategy's noise cannot be added by the clients (``privacy.placement=client``), or None if it can.
-    client_placement_refusal: ClassVar[str | None] = None
-    #: The samplers its accounting admits (``privacy.sampling``; ``auto`` = the first): fl_app/config checks it.
-    samplings: ClassVar[tuple[str, ...]] = AMPLIFIED_SAMPLINGS
-
-    #: The strategy's config in conf/strategy/ (what keyword construction composes).
-    config_name: ClassVar[str] = ""
+    :class:`PrivateRounds`, as :class:`strategies.client_level_dp.ClientLevelDP` builds it) client-level DP rounds.
+    What a subclass declares for the config and the registry: :class:`StrategyDeclarations`."""
 
     def __init__(
         self,
@@ -137,6 +118,10 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.config = config
         #: What makes the rounds private (None: the plain algorithm).
         self.privacy = privacy
+        #: What the run was given beyond its config and privacy (the constructor's keywords): what a layer that
+        #: rebuilds the strategy with its privacy passes on.
+        self.run_arguments = {"metrics": metrics, "checkpoint_dir": checkpoint_dir, "resume_from": resume_from,
+                              "on_accounted": on_accounted, "observers": observers}  # fmt: skip
         self.metrics = metrics
         self.checkpoint_dir = None if checkpoint_dir is None else Path(checkpoint_dir)
         self.resume_from = resume_from
@@ -155,12 +140,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             # Before anything can read the guarantee (run.json's first write, a failure before the first round).
             self._restore(resume_from)
 
-    def run_arguments(self) -> dict[str, Any]:
-        """What the run was given beyond its config and privacy (the keywords of the constructor): what a wrapper
-        that rebuilds the strategy with its privacy passes on."""
-        return {"metrics": self.metrics, "checkpoint_dir": self.checkpoint_dir, "resume_from": self.resume_from,
-                "on_accounted": self.on_accounted, "observers": self.observers}  # fmt: skip
-
     def _init_privacy(self, config: AppConfig) -> None:
         """Client-level DP's objects (strategies/client_dp/): m, σ, the clip norm, the placement, what is published
         about clients, the budget and the noisy average, from ``config.privacy`` and :attr:`privacy`."""
@@ -172,7 +151,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.sampler: ClientSampler = client_sampler(privacy, self.num_clients, self.expected_clients)
         self.noise_multiplier = privacy.noise_multiplier
         #: The last key word of the run's seeded noise streams (``privacy.noise_stream=per_run``), None = the seed's
-        #: shared noise: :meth:`noise_rng`, and the clients' noise through the instructions.
+        #: shared noise: ``randomness.noise_rng``, and the clients' noise through the instructions.
         self.noise_key: int | None = noise_stream_key(config)
         #: What the run publishes about its clients (strategies/statistics.py); "auto" is resolved by
         #: resolve_settings() (raw in simulation, none against a real SuperLink).
@@ -201,8 +180,19 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
                 sample_rate=privacy.sample_rate,
                 max_epsilon=privacy.max_epsilon,
             )
-        #: The released average of a private round (None: the plain mean of what arrived): :meth:`make_average`.
-        self.noisy_average: NoisyAverage | None = self.make_average()
+        #: The released average over the fixed m with the server's clip and noise (strategies/client_dp/average.py),
+        #: where the privacy has the server add noise; None: the plain mean of what arrived (a plain algorithm;
+        #: Noisy-FedAvg, whose clients noise their models).
+        self.noisy_average: NoisyAverage | None = None
+        if self.budget is not None and self.privacy is not None and self.privacy.server_average:
+            self.noisy_average = NoisyAverage(
+                self.mechanisms,
+                self.placement,
+                self.clipping,
+                noise_multiplier=self.noise_multiplier,
+                expected_clients=self.expected_clients,
+                noise_source=lambda server_round, purpose: self.randomness.noise_rng(server_round, purpose),
+            )
 
     def _init_run_state(self, config: AppConfig) -> None:
         """What the run carries from round to round and resolves once: the round in flight, the releases, the
@@ -213,8 +203,9 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         self.last_round_global: list[np.ndarray] = []
         # The run's part of every round's instructions (train_instructions), once its randomness is known.
         self._run_instructions: TrainInstructions | None = None
-        # The round between configure_train and aggregate_train (Flower's hooks share nothing else).
-        self._in_flight: RoundInFlight | None = None
+        #: The round configure_train planned and aggregate_train has not yet released (Flower's hooks share nothing
+        #: else).
+        self.in_flight: RoundInFlight | None = None
         #: The outcome of the last round aggregate_train released (what start()'s record and observers read).
         self.last_outcome: RoundOutcome | None = None
         # Whether prepare_run() has run (settings, nodes, audit: once, before the first message).
@@ -296,20 +287,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         :meth:`state` / :meth:`load_state`)."""
         return mechanisms_for(self.client_recipe()) + self.server_mechanisms()
 
-    def make_average(self) -> NoisyAverage | None:
-        """A private round's average over the fixed m with the server's clip and noise (strategies/client_dp/
-        average.py); None for the non-private references, whose server takes the mean of what arrived."""
-        if self.budget is None:
-            return None
-        return NoisyAverage(
-            self.mechanisms,
-            self.placement,
-            self.clipping,
-            noise_multiplier=self.noise_multiplier,
-            expected_clients=self.expected_clients,
-            noise_source=self.noise_rng,
-        )
-
     def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:
         return local_training_config(self.config, self.local_optimizer)
 
@@ -327,10 +304,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         return False
 
     # ----- sampling (docs/mechanisms.md, 1) -------------------------------------------------------------------
-
-    def noise_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
-        """The server's noise draws of a round: strategies/client_dp/randomness.py."""
-        return self.randomness.noise_rng(server_round, purpose)
 
     def calibrated_noise_multiplier(self) -> float:
         """σ of the update (strategies/noise.py): ``privacy.noise_multiplier``, or calibrated to the target ε by the
@@ -350,25 +323,23 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
     # ----- Flower Strategy interface ----------------------------------------------------------------------------
 
     def plan_round(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord | None = None, grid: Grid | None = None
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord | None = None,
+        grid: Grid | None = None,
+        sampled: list[int] | None = None,
     ) -> RoundPlan:
-        """Steps 2-3: sample the round's clients (among those available on ``grid``) and build their train messages
-        (one per client, or one per cohort).
-
-        ``config`` (Flower's ``train_config``) is passed on to every client beside the instructions.
-        """
-        sampled = [int(pid) for pid in self.sample_clients(server_round, grid).tolist()]
-        return self.plan_for(server_round, arrays, sampled, config)
-
-    def plan_for(
-        self, server_round: int, arrays: ArrayRecord, sampled: list[int], config: ConfigRecord | None = None
-    ) -> RoundPlan:
-        """Step 3 for the sampled partitions ``sampled``: the round's mask, instructions and train messages."""
+        """Steps 2-3: sample the round's clients (among those available on ``grid``; ``sampled``: these partitions)
+        and build the round's mask, instructions and train messages (one per client, or one per cohort).
+        ``config`` (Flower's ``train_config``) is passed on to every client beside the instructions."""
+        if sampled is None:
+            sampled = [int(pid) for pid in self.sample_clients(server_round, grid).tolist()]
         config = ConfigRecord() if config is None else config
         global_weights = arrays.to_numpy_ndarrays()
         mask = self.round_mask(server_round, global_weights, self.last_round_global)
         instructions = self.train_instructions(server_round)
-        cohorts = self.plan_cohorts(sampled)
+        cohorts = plan_cohorts(self.config, self.local_training(), sampled, self.cohort_size, self.population.num_nodes)
         groups = cohorts if cohorts is not None else [[pid] for pid in sampled]
         # One message format: a message names its partitions (a cohort, or a cohort of one) and their faults.
         record = ConfigRecord({**instructions.to_config_record(), **config})
@@ -413,7 +384,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
                 "run it with this strategy's start(), not a loop that starts at round 1"
             )
         self.prepare_run(grid, arrays)
-        self._in_flight = None
+        self.in_flight = None
         if self.stop_reason is not None:
             return []
         # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
@@ -425,19 +396,9 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
             return []
         plan = self.plan_round(server_round, arrays, config, grid)
         self.server_optimizer.begin_round(server_round, arrays, grid)
-        self._in_flight = RoundInFlight(plan, self.receiver(plan), repeat)
+        takes_early = type(self).aggregate_train is FederatedStrategy.aggregate_train  # an override sees every reply
+        self.in_flight = RoundInFlight(plan, self.receiver(plan), repeat, takes_early)
         return plan.messages
-
-    @property
-    def round_in_flight(self) -> RoundInFlight | None:
-        """The round :meth:`configure_train` planned and :meth:`aggregate_train` has not yet released."""
-        return self._in_flight
-
-    @property
-    def takes_replies_as_they_arrive(self) -> bool:
-        """Whether start() may screen a round's replies as they arrive, before :meth:`aggregate_train` is called:
-        only when this class's aggregate_train is the one that takes them (an override must see every reply)."""
-        return type(self).aggregate_train is FederatedStrategy.aggregate_train
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -446,7 +407,7 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         ahead and account it; the released model and the round's statistics as ``privacy.client_statistics``
         allows them to be published (nothing else leaves in the MetricRecord). (None, None) after the budget
         guard stopped the run."""
-        in_flight, self._in_flight = self._in_flight, None
+        in_flight, self.in_flight = self.in_flight, None
         if in_flight is None and self.stop_reason is not None:
             return None, None
         if in_flight is None or in_flight.plan.server_round != server_round:
@@ -480,17 +441,6 @@ class FederatedStrategy(Guarantee, AggregationSteps, RunState, RoundLoop, Strate
         if self.metrics is None:  # start() with a metrics writer prints its own line; any other loop gets this one
             epsilon, delta = (None, None) if self.budget is None else (self.epsilon(), self.config.privacy.delta)
             log(INFO, "Round %d released: %s", server_round, released_line(outcome.published, epsilon, delta))
-
-    # ----- cohort mode --------------------------------------------------------------------------------------
-
-    def plan_cohorts(self, sampled: list[int]) -> list[list[int]] | None:
-        """This round's cohorts (each sorted; how many: :func:`strategies.cohorts.cohort_count`), balanced by each
-        client's local work (:func:`strategies.cohorts.local_work`); None = one message per client."""
-        count = cohort_count(self.cohort_size, len(sampled), self.population.num_nodes)
-        if count == 0:
-            return None
-        training = self.local_training()
-        return balance_cohorts(sampled, [local_work(self.config, training, pid) for pid in sampled], count)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

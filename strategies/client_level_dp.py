@@ -30,7 +30,7 @@ from fl_app.config import AppConfig, DPConfig, compose_config, settings_override
 from strategies.base import FederatedStrategy
 from strategies.client_dp.private_rounds import PrivateRounds
 
-#: The constructor keywords of a run beyond its config (:meth:`FederatedStrategy.run_arguments`).
+#: The constructor keywords of a run beyond its config (:attr:`FederatedStrategy.run_arguments`).
 RUN_ARGUMENTS = ("metrics", "checkpoint_dir", "resume_from", "on_accounted", "observers")
 #: What a named DP strategy takes from its algorithm: what the config checks of it (strategies/registry.py).
 ALGORITHM_RULES = (
@@ -108,7 +108,7 @@ class DPOverRounds(ClientLevelDP):
         config = with_privacy_settings(strategy.config, privacy)
         rounds = PrivateRounds(accountant) if private_rounds is None else private_rounds
         #: The wrapped strategy, rebuilt with its rounds private.
-        self.strategy = type(strategy)(config, privacy=rounds, **strategy.run_arguments())
+        self.strategy = type(strategy)(config, privacy=rounds, **strategy.run_arguments)
 
     @classmethod
     def wraps(cls, strategy: object) -> bool:

@@ -73,3 +73,18 @@ def balance_cohorts(partition_ids: Sequence[int], work: Sequence[int], count: in
         cohorts[i].append(int(pid))
         heapq.heappush(heap, (load + int(w), size + 1, i))
     return [sorted(c) for c in cohorts if c]
+
+
+def plan_cohorts(
+    config: AppConfig,
+    training: LocalTrainingConfig | NoisyLocalConfig,
+    sampled: list[int],
+    cohort_size: CohortSize,
+    num_nodes: int,
+) -> list[list[int]] | None:
+    """A round's cohorts of the ``sampled`` partitions (each sorted; how many: :func:`cohort_count`), balanced by each
+    client's local work (:func:`local_work`); None = one message per client."""
+    count = cohort_count(cohort_size, len(sampled), num_nodes)
+    if count == 0:
+        return None
+    return balance_cohorts(sampled, [local_work(config, training, pid) for pid in sampled], count)

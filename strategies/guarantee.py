@@ -112,7 +112,7 @@ class Guarantee:
 
     def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
         """The round's statistics as ``privacy.client_statistics`` allows them to be published."""
-        rng = partial(self.noise_rng, server_round, STREAM_STATISTICS)  # drawn only for a noisy count
+        rng = partial(self.randomness.noise_rng, server_round, STREAM_STATISTICS)  # drawn only for a noisy count
         return self.statistics.published(stats, self.expected_clients, self.adaptive_clipping, rng)
 
     @property

@@ -85,7 +85,7 @@ class NoisyFedAvg(FederatedStrategy):
                 f"{type(self).__name__}: its epsilon is the GDP bound of seed 004 (Thm 3 / Thm 4) of the number of "
                 "releases, not a composition of sampled Gaussian events: an accountant cannot be given"
             )
-        super().__init__(config, privacy=PrivateRounds(), **kwargs)
+        super().__init__(config, privacy=PrivateRounds(server_average=False), **kwargs)
 
     @property
     def prox_coef(self) -> float:
@@ -158,10 +158,6 @@ class NoisyFedAvg(FederatedStrategy):
             grad_clip=s.grad_clip,
             prox_coef=self.prox_coef,
         )
-
-    def make_average(self) -> None:
-        """None: the clients noise their models, and the server takes the plain mean of what arrived (no clip)."""
-        return None
 
 
 class NoisyFedProx(NoisyFedAvg):

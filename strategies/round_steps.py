@@ -57,7 +57,7 @@ class AggregationSteps:
             stats["clip_norm"] = self.clip_norm
         if self.adaptive_clipping:
             # The aggregated clients' bits only: canaries and rejected clients have no part in m.
-            rng = self.noise_rng(plan.server_round, STREAM_ADAPTIVE_CLIP)
+            rng = self.randomness.noise_rng(plan.server_round, STREAM_ADAPTIVE_CLIP)
             stats.update(self.clipping.after_round(taken.norms, self.expected_clients, rng))
         return RoundOutcome(new_weights=new_weights, stats=stats)
 

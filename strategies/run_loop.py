@@ -82,9 +82,6 @@ def run_rounds(
     # own evaluation), so that the workers' start-up and first round do not wait for it: the same model and test
     # set, so the same result.
     initial_pending = evaluate_fn is not None and strategy.resume_from is None
-    # Replies are screened as they arrive only when the strategy's own aggregate_train takes them (a subclass's
-    # override must see every reply).
-    early_taking = strategy.takes_replies_as_they_arrive
     # A round's observers run once the next round's messages are out (after the last round: at once), while its
     # clients train: the checkpoint's write and the metrics line are off the path from one round's replies to the
     # next round's start, and the checkpoint still follows the release within milliseconds (a crash in between
@@ -94,9 +91,7 @@ def run_rounds(
     try:
         for server_round in range(first_round, num_rounds + 1):
             t0 = time.perf_counter()
-            released = _train_round(
-                strategy, server_round, arrays, train_config, grid, timeout, early_taking, completed
-            )
+            released = _train_round(strategy, server_round, arrays, train_config, grid, timeout, completed)
             if released is None:  # the budget guard (step 1) stopped the run before this round
                 break
             arrays = result.arrays = released.arrays
@@ -154,16 +149,15 @@ def _train_round(
     train_config: ConfigRecord,
     grid: Grid,
     timeout: float,
-    early_taking: bool,
     completed: _CompletedRounds,
 ) -> _ReleasedRound | None:
     """Steps 1-7 of one round through Flower's hooks: configure_train, the grid (replies taken as they arrive where
-    ``early_taking``; the previous round's observers run once this round's messages are out), aggregate_train.
-    None when the budget guard stopped the run before the round."""
+    the round in flight allows it; the previous round's observers run once this round's messages are out),
+    aggregate_train. None when the budget guard stopped the run before the round."""
     messages = list(strategy.configure_train(server_round, arrays, train_config, grid))
     if strategy.stop_reason is not None:
         return None
-    early = _EarlyReplies(strategy, strategy.round_in_flight, early_taking)
+    early = _EarlyReplies(strategy, strategy.in_flight)
     replies = send_and_receive(grid, messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush)
     replies_at = time.perf_counter()
     released, _ = strategy.aggregate_train(server_round, replies[early.count :])
@@ -222,11 +216,14 @@ class _CompletedRounds:
 class _EarlyReplies:
     """The server's work before a round's last reply is in, on the core the first cohorts to finish left idle: at
     the first reply the noise starts drawing on a thread (fl_app/privacy/prefetch.py), and (``take``) every reply
-    that arrives while others are outstanding is screened and admitted then. (``send_and_receive`` returns the
-    replies in the order they arrived, so the rest are the ones after the first ``count``.)"""
+    that arrives while others are outstanding is screened and admitted then, where the round allows it
+    (:attr:`RoundInFlight.takes_early`: only when the skeleton's own aggregate_train takes the replies; a subclass's
+    override must see every reply). (``send_and_receive`` returns the replies in the order they arrived, so the rest
+    are the ones after the first ``count``.)"""
 
-    def __init__(self, strategy: RoundLoop, in_flight: RoundInFlight | None, take: bool) -> None:
-        self.strategy, self.in_flight, self.take, self.count = strategy, in_flight, take, 0
+    def __init__(self, strategy: RoundLoop, in_flight: RoundInFlight | None) -> None:
+        self.strategy, self.in_flight, self.count = strategy, in_flight, 0
+        self.take = in_flight is not None and in_flight.takes_early
 
     def arrived(self, replies: list[Message], still_pending: int) -> None:
         if self.in_flight is None:

@@ -29,6 +29,9 @@ class PrivateRounds:
     """
 
     accountant: PrivacyAccountant | None = None
+    #: Whether the server releases the noisy average over the fixed m (clipped, the placement's noise); False for a
+    #: mechanism whose clients noise their models themselves (Noisy-FedAvg: the plain mean of what arrived).
+    server_average: bool = True
 
     def ledger(self, privacy: DPConfig, num_clients: int) -> SampledGaussianLedger:
         """The subsampled Gaussian mechanism's ledger for the run's ``privacy`` section and population M."""

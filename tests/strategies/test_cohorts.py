@@ -33,7 +33,7 @@ def _cohort_strategy(*overrides: str, nodes: int = 2):
 
 def _send(strategy, sampled: list[int]) -> RoundPlan:
     """The plan of round 1 for ``sampled`` (cohort messages), with message ids as a grid assigns them on push."""
-    plan = strategy.plan_for(1, ArrayRecord(GLOBAL), sampled)
+    plan = strategy.plan_round(1, ArrayRecord(GLOBAL), sampled=sampled)
     assert plan.cohort_mode
     push(plan.messages)
     return plan

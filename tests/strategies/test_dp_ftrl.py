@@ -134,7 +134,9 @@ def test_the_released_noise_is_sigma_c_over_m_times_c_inverse_z(factorization: s
     initial = random_update(SHAPES, 0.1, seed=0)
     models = _run(strategy, 8)
     changes = np.stack([flat(delta(new, old)) for new, old in zip(models, [initial, *models[:-1]], strict=True)])
-    rngs = [strategy.noise_rng(t, STREAM_SERVER_NOISE) for t in range(1, 9)]  # one stream a round, tensor by tensor
+    rngs = [
+        strategy.randomness.noise_rng(t, STREAM_SERVER_NOISE) for t in range(1, 9)
+    ]  # one stream a round, tensor by tensor
     z = np.stack([np.concatenate([rng.normal(0.0, 1.0, size=s).ravel() for s in SHAPES]) for rng in rngs])
     c = mf.toeplitz_matrix(strategy.factorization.toeplitz, 8)
     p = strategy.config.privacy

@@ -766,7 +766,7 @@ def test_seeded_sampling_and_noise_are_our_strategies_streams() -> None:
     # ... and draws its noise from the stream our strategies' server noise of round k comes from.
     assert reference.noise_key is None  # privacy.noise_stream=shared: the seed's stream
     ours_noise = mech.add_gaussian_noise([np.zeros(DIM), np.zeros(1)], strategy.noise_std,
-                                         reference.noise_rng(2, STREAM_SERVER_NOISE))  # fmt: skip
+                                         reference.randomness.noise_rng(2, STREAM_SERVER_NOISE))  # fmt: skip
     for a, b in zip(ours_noise, round_noise(3, 2, strategy.noise_std), strict=True):
         np.testing.assert_array_equal(a, b)
     for got, want in zip(weights(result.arrays), expected_release(grid, 1, strategy), strict=True):

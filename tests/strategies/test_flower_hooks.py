@@ -104,6 +104,7 @@ class CountingHooks(FedAvg):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, int]] = []
+        self.seen: list[int] = []  # replies each aggregate_train call was given
 
     def configure_train(self, server_round, arrays, config, grid):
         self.calls.append(("configure_train", server_round))
@@ -112,14 +113,15 @@ class CountingHooks(FedAvg):
     def aggregate_train(self, server_round, replies):
         replies = list(replies)
         self.calls.append(("aggregate_train", server_round))
+        self.seen.append(len(replies))
         return super().aggregate_train(server_round, replies)
 
 
 def test_our_start_runs_a_subclasss_hooks() -> None:
     strategy = ClientLevelDP(CountingHooks(compose_config(["strategy=dp_fedavg", *SMALL])))
-    assert not strategy.takes_replies_as_they_arrive  # its aggregate_train sees every reply
     grid = InProcessGrid(nodes=2)
     result = strategy.start(grid, _initial(strategy.config), num_rounds=2)
+    assert strategy.seen == [2, 2]  # its aggregate_train saw every reply (none taken before it was called)
     assert strategy.calls == [("configure_train", 1), ("aggregate_train", 1), ("configure_train", 2),
                               ("aggregate_train", 2)]  # fmt: skip
     assert strategy.ledger is not None and strategy.ledger.rounds == 2
