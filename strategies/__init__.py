@@ -1,7 +1,7 @@
 """The strategies: plain Flower (Message API) strategies over one round skeleton (strategies/base.py), one module per
 algorithm, each with its config in conf/strategy/, and client-level DP as one layer around a plain strategy
 (strategies/client_level_dp.py): ``ClientLevelDP(FedSAM(...), clip_norm=0.2, noise_multiplier=0.95)``, or around one of
-Flower's FedAvg family (strategies/flower_dp/).
+Flower's FedAvg family (strategies/dp_over_flower.py).
 
 ``from strategies import DPFedSAM`` and ``DPFedSAM(num_clients=100, sample_rate=0.1, clip_norm=0.2,
 noise_multiplier=0.95)`` build the named DP strategy (the layer over FedSAM) from keyword settings over conf/'s

@@ -118,6 +118,9 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         self.config = config
         #: What makes the rounds private (None: the plain algorithm).
         self.privacy = privacy
+        if privacy is not None and not privacy.server_average and self.client_recipe().kind != "noisy_model":
+            # Only Noisy-FedAvg's clients add all of the noise: any other recipe would be released noise-free.
+            raise ValueError(f"{type(self).__name__}: server_average=False with a recipe whose clients add no noise")
         #: What the run was given beyond its config and privacy (the constructor's keywords): what a layer that
         #: rebuilds the strategy with its privacy passes on.
         self.run_arguments = {"metrics": metrics, "checkpoint_dir": checkpoint_dir, "resume_from": resume_from,

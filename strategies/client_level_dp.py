@@ -19,6 +19,7 @@ The project's named DP strategies are this layer over their algorithm: ``strateg
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -42,14 +43,23 @@ ALGORITHM_RULES = (
 class ClientLevelDP(Strategy):
     """Client-level DP around ``strategy``: ``ClientLevelDP(FedSAM(...), clip_norm=0.2, noise_multiplier=0.95)`` or
     ``ClientLevelDP(flwr FedAdam(...), num_clients=..., ...)``; the instance is the subclass for that kind of
-    strategy (:meth:`wraps`). TypeError for a strategy no subclass wraps."""
+    strategy (:meth:`wraps`), and that subclass states its arguments. TypeError for a strategy no subclass wraps;
+    ValueError for one it refuses (private already, or not a mean). The layer is not its strategy:
+    ``isinstance(DPFedSAM(...), FedSAM)`` is False, ``DPFedSAM(...).strategy`` is the FedSAM it runs."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> ClientLevelDP:
         kinds = _kinds()
         if cls is ClientLevelDP:
             strategy = args[0] if args else kwargs.get("strategy")
+            if isinstance(strategy, ClientLevelDP):
+                raise ValueError(f"ClientLevelDP: {strategy!r} is client-level DP already; wrap its plain strategy")
             wrapping = [kind for kind in kinds if kind.wraps(strategy)]
-            if len(wrapping) != 1:
+            if len(wrapping) > 1:
+                names = ", ".join(kind.__name__ for kind in wrapping)
+                raise TypeError(
+                    f"ClientLevelDP: more than one kind of the layer wraps {type(strategy).__name__}: {names}"
+                )
+            if not wrapping:
                 raise TypeError(
                     f"ClientLevelDP wraps one of this project's plain strategies (strategies.FedAvg, FedSAM, ...) or "
                     f"one of Flower's FedAvg family, not {type(strategy).__name__}"
@@ -76,7 +86,9 @@ def _kinds() -> list[type[ClientLevelDP]]:
 class DPOverRounds(ClientLevelDP):
     """Client-level DP around one of this project's plain strategies: the strategy rebuilt with
     :class:`PrivateRounds` (its config, with the ``privacy`` settings given here, and its run arguments), whose
-    every round is then the mechanism of docs/mechanisms.md. The strategy given is the template and is not run.
+    every round is then the mechanism of docs/mechanisms.md. The strategy given is the template and is not run
+    (:func:`check_rebuildable`: what the rebuild cannot carry is refused; attributes set on the template after
+    construction are not carried over).
 
     ``accountant`` is a name (``"rdp"``, ``"prv"``, ``"pld"``: ``privacy.accountant``) or an accountant with
     Flower's ``PrivacyAccountant`` interface; ``private_rounds`` a :class:`PrivateRounds` of your own (its
@@ -89,24 +101,24 @@ class DPOverRounds(ClientLevelDP):
     def __init__(
         self,
         strategy: FederatedStrategy,
-        /,
         *,
         accountant: PrivacyAccountant | str | None = None,
         private_rounds: PrivateRounds | None = None,
         **privacy: Any,
     ) -> None:
         super().__init__()
-        if strategy.privacy is not None:
-            raise ValueError(
-                f"ClientLevelDP: {type(strategy).__name__} is private by its own mechanism already; wrap a plain "
-                "strategy (FedAvg, FedSAM, ...)"
-            )
+        check_rebuildable(strategy)
         if isinstance(accountant, str):
             privacy["accountant"], accountant = accountant, None
         if private_rounds is not None and accountant is not None:
             raise TypeError("ClientLevelDP: give the accountant to your private_rounds, not beside it")
-        config = with_privacy_settings(strategy.config, privacy)
         rounds = PrivateRounds(accountant) if private_rounds is None else private_rounds
+        if not rounds.server_average:
+            raise ValueError(
+                "ClientLevelDP: private_rounds with server_average=False would release the plain mean with no noise "
+                "under this layer (only a mechanism whose clients add all of the noise, Noisy-FedAvg, is built so)"
+            )
+        config = with_privacy_settings(strategy.config, privacy)
         #: The wrapped strategy, rebuilt with its rounds private.
         self.strategy = type(strategy)(config, privacy=rounds, **strategy.run_arguments)
 
@@ -121,7 +133,11 @@ class DPOverRounds(ClientLevelDP):
         return getattr(self.strategy, name)
 
     def __repr__(self) -> str:
-        return f"ClientLevelDP({type(self.strategy).__name__}, {self.strategy.config.strategy.name})"
+        p = self.strategy.config.privacy
+        return (
+            f"ClientLevelDP({type(self.strategy).__name__}, q={p.sample_rate}, C={p.clip_norm}, "
+            f"σ={self.strategy.noise_multiplier})"
+        )
 
     # ----- Flower's hooks: the private rounds' ------------------------------------------------------------------
 
@@ -163,6 +179,9 @@ class RegisteredDP(DPOverRounds):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        algorithm = getattr(cls, "algorithm", None)
+        if not (isinstance(algorithm, type) and issubclass(algorithm, FederatedStrategy)):
+            raise TypeError(f"{cls.__name__}: a RegisteredDP names its plain strategy (algorithm = FedSAM)")
         for name in ALGORITHM_RULES:  # the algorithm's rules, unless the named strategy states its own
             if name not in cls.__dict__:
                 setattr(cls, name, getattr(cls.algorithm, name))
@@ -186,7 +205,29 @@ class RegisteredDP(DPOverRounds):
         self.strategy = self.algorithm(config, privacy=PrivateRounds(accountant), **run)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}: ClientLevelDP({self.algorithm.__name__})"
+        return f"{type(self).__name__}: {super().__repr__()}"
+
+
+def check_rebuildable(strategy: FederatedStrategy) -> None:
+    """Refuse a strategy the layer cannot rebuild as it was built: one private by its own mechanism, or whose class
+    takes constructor arguments of its own (the rebuild passes its config and run arguments only, and would drop
+    them). Attributes set on it after construction are not carried over either: set them on ``layer.strategy``."""
+    if strategy.privacy is not None:
+        raise ValueError(
+            f"ClientLevelDP: {type(strategy).__name__} is private by its own mechanism already; wrap a plain strategy "
+            "(FedAvg, FedSAM, ...)"
+        )
+    own = [
+        name
+        for name, parameter in inspect.signature(type(strategy).__init__).parameters.items()
+        if name not in ("self", "config", "privacy", *RUN_ARGUMENTS)
+        and parameter.kind not in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD)
+    ]
+    if own:
+        raise ValueError(
+            f"ClientLevelDP: {type(strategy).__name__}'s constructor takes {', '.join(own)}, which the layer's rebuild "
+            "(from the config and run arguments) would drop; build it with privacy=PrivateRounds() instead"
+        )
 
 
 def with_privacy_settings(config: AppConfig, settings: dict[str, Any]) -> AppConfig:
@@ -194,6 +235,10 @@ def with_privacy_settings(config: AppConfig, settings: dict[str, Any]) -> AppCon
     value; TypeError for a keyword that is no privacy setting)."""
     if not settings:
         return config
+    if misplaced := sorted(set(settings) & set(RUN_ARGUMENTS)):
+        raise TypeError(
+            f"ClientLevelDP: pass {', '.join(misplaced)} to the wrapped strategy, e.g. FedSAM(..., {misplaced[0]}=...)"
+        )
     known = set(DPConfig.__dataclass_fields__)
     if unknown := sorted(set(settings) - known):
         raise TypeError(f"ClientLevelDP: {', '.join(unknown)} not a privacy setting ({', '.join(sorted(known))})")

@@ -209,7 +209,7 @@ class DPOverFlowerMean(ClientLevelDP):
     def wraps(cls, strategy: object) -> bool:
         """A Flower strategy that is not one of this project's (what it accepts of them: :func:`check_inner_strategy`,
         which refuses the others naming what is accepted)."""
-        return isinstance(strategy, Strategy) and not isinstance(strategy, FederatedStrategy)
+        return isinstance(strategy, Strategy) and not isinstance(strategy, (FederatedStrategy, ClientLevelDP))
 
     # ----- The guarantee -----------------------------------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Message
 
 SMALL = [
     "dataset.num_clients=20",
-    "dataset.max_train_samples=400",  # 20 images a client
+    "dataset.max_train_samples=200",  # 10 images a client
     "dataset.max_test_samples=100",
     "privacy.sample_rate=0.2",
     "privacy.noise_stream=per_run",  # the noise is keyed by the whole config: the two runs must agree on it
@@ -104,6 +104,28 @@ def test_what_the_layer_cannot_wrap_is_refused_before_anything_runs() -> None:
         ClientLevelDP(FedAvg(num_clients=20), clip_nrom=0.1)
     with pytest.raises(ConfigError, match=r"privacy\.noise_multiplier"):
         ClientLevelDP(FedAvg(num_clients=20), noise_multiplier=-1.0)
+    with pytest.raises(TypeError, match=r"pass checkpoint_dir to the wrapped strategy"):
+        ClientLevelDP(FedAvg(num_clients=20), checkpoint_dir="out")
+    with pytest.raises(ValueError, match="client-level DP already"):
+        ClientLevelDP(DPFedSAM(num_clients=20))
+    # Rounds whose server releases the plain mean would release the clients' updates without noise.
+    with pytest.raises(ValueError, match="server_average=False"):
+        ClientLevelDP(FedAvg(num_clients=20), private_rounds=PrivateRounds(server_average=False))
+    with pytest.raises(ValueError, match="server_average=False"):
+        FedAvg(num_clients=20, privacy=PrivateRounds(server_average=False))
+
+
+class WithItsOwnArgument(FedAvg):
+    def __init__(self, *args, my_lr: float = 0.1, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.my_lr = my_lr
+
+
+def test_a_strategy_whose_constructor_the_rebuild_would_drop_is_refused() -> None:
+    with pytest.raises(ValueError, match="constructor takes my_lr"):
+        ClientLevelDP(WithItsOwnArgument(num_clients=20, my_lr=0.5))
+    built = WithItsOwnArgument(num_clients=20, my_lr=0.5, privacy=PrivateRounds())  # what the message says to do
+    assert built.my_lr == 0.5 and built.budget is not None
 
 
 def test_a_subclass_of_the_layer_names_the_kind_it_wraps() -> None:
