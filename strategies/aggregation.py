@@ -152,11 +152,10 @@ def _mean(values: list[float]) -> float:
 
 @dataclass
 class RoundInFlight:
-    """A round between Flower's two hooks: its plan, the replies taken so far (bound, screened, admitted), whether
-    it is a seeded re-run that repeats a logged release (no new ε), and whether replies may be taken as they arrive,
-    before aggregate_train is called (only where the strategy's aggregate_train is the skeleton's)."""
+    """A round between Flower's two hooks: its plan, the replies taken so far (bound, screened, admitted), and
+    whether replies may be taken as they arrive, before aggregate_train is called (only where the strategy's
+    aggregate_train is the skeleton's)."""
 
     plan: RoundPlan
     taken: RoundReplies
-    repeat: bool
     takes_early: bool = False

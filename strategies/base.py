@@ -391,8 +391,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         if self.stop_reason is not None:
             return []
         # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
-        repeat = self.releases.repeats(server_round)
-        reason = None if repeat or self.budget is None else self.budget.over_budget(server_round)
+        reason = None if self.budget is None else self.releases.guard(self.budget, server_round)
         if reason is not None:
             self.stop_reason = reason
             log(WARNING, "Stopping before round %d: %s", server_round, reason)
@@ -400,7 +399,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         plan = self.plan_round(server_round, arrays, config, grid)
         self.server_optimizer.begin_round(server_round, arrays, grid)
         takes_early = type(self).aggregate_train is FederatedStrategy.aggregate_train  # an override sees every reply
-        self.in_flight = RoundInFlight(plan, self.receiver(plan), repeat, takes_early)
+        self.in_flight = RoundInFlight(plan, self.receiver(plan), takes_early)
         return plan.messages
 
     def aggregate_train(
@@ -431,12 +430,10 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         server_round = in_flight.plan.server_round
         if self.auditor is not None:
             self.auditor.round_released(server_round, in_flight.plan.global_weights, outcome.new_weights)
-        if self.budget is not None:
-            self.releases.record(self.budget.release(server_round, outcome.new_weights, self.secure_noise))
+        if self.budget is not None:  # logged ahead and accounted (a seeded re-run's repeat: no new ε)
+            self.releases.release(self.budget, server_round, outcome.new_weights, self.secure_noise)
         # Who was sent a message took part, whether or not it answered (the participation rule's record).
         self.sampler.round_released(server_round, [pid for _, ids in in_flight.plan.sent for pid in ids])
-        if self.budget is not None and not in_flight.repeat:
-            self.budget.account()
         if self.on_accounted is not None:
             self.on_accounted(self)
         outcome.published = self.published_statistics(server_round, outcome.stats)

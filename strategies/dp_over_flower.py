@@ -294,7 +294,7 @@ class DPOverFlowerMean(ClientLevelDP):
             return []
         node_ids = population(grid, self.num_clients, wait=self.rounds_started == 0)
         keys, weights, dtypes = global_model(arrays)
-        if (reason := self.budget.over_budget(server_round)) is not None:
+        if (reason := self.releases.guard(self.budget, server_round)) is not None:
             self.stop_reason = reason
             log(WARNING, "configure_train: stopping before the round: %s", self.stop_reason)
             return []
@@ -353,9 +353,8 @@ class DPOverFlowerMean(ClientLevelDP):
             aggregated, _client_metrics = self.strategy.aggregate_train(server_round, forwarded)
         released = released_model(aggregated, planned)
 
-        release = self.budget.release(server_round, released.to_numpy_ndarrays(), self.secure)
-        self.releases.record(release)  # written ahead: the model leaves the server only after this line is durable
-        self.budget.account()
+        # Written ahead and accounted: the model leaves the server only after its log line is durable.
+        self.releases.release(self.budget, server_round, released.to_numpy_ndarrays(), self.secure)
         epsilon = self.epsilon()
         log(INFO, "aggregate_train: released round %d, epsilon=%.4f at delta=%g after %d releases", server_round,
             epsilon, self.delta, self.rounds_released)  # fmt: skip
@@ -391,7 +390,6 @@ class DPOverFlowerMean(ClientLevelDP):
             return
         assert self.releases.log is not None
         check_release_dir(self.releases.log.path.parent, self.releases.logged, self.secure)
-        owed = self.releases.owed_after(0)
-        self.budget.resume(0, owed)
+        owed = self.releases.resume(self.budget, 0, 0)
         log(WARNING, "ClientLevelDP: accounted %d earlier releases logged in %s (epsilon=%.4f)", len(owed),
             self.releases.log.path.parent, self.epsilon())  # fmt: skip

@@ -25,9 +25,9 @@ class RunState:
         ledger restored from the checkpoint has not counted it)."""
         self.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays)
         logged = int(checkpoint.strategy_state.get("releases_logged", 0))
-        owed = self.releases.owed_after(logged)
         if self.budget is not None:
-            self.budget.resume(int(checkpoint.strategy_state.get("releases_logged", checkpoint.round)), owed)
+            released = int(checkpoint.strategy_state.get("releases_logged", checkpoint.round))
+            self.releases.resume(self.budget, released, logged)
         log(INFO, "Resuming after round %d (epsilon so far %.4g)", checkpoint.round, self.epsilon())
 
     def check_resume_randomness(self, checkpoint: Checkpoint, secure: bool) -> None:

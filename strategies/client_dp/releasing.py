@@ -9,9 +9,13 @@ released round either repeats that release (no new ε: :meth:`repeats`) or is re
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
+
 from fl_app.releases import Release, ReleaseLog, ReleaseMismatchError, releases_to_account
+from strategies.client_dp.budget import PrivacyBudget
 
 
 class RunReleases:
@@ -46,6 +50,28 @@ class RunReleases:
         """Whether ``server_round`` is a seeded re-run of a logged release: it repeats that release, already counted,
         and takes no new ε (nor the budget guard's)."""
         return self.seeded and server_round in self._repeatable  # filled from the log by owed_after()
+
+    # ----- one policy for both of ClientLevelDP's layers: guard, release, resume ------------------------------------
+
+    def guard(self, budget: PrivacyBudget, server_round: int) -> str | None:
+        """Why round ``server_round`` may not start (``budget``'s guard), or None: a seeded re-run of a logged release
+        repeats it (already counted) and is never stopped."""
+        return None if self.repeats(server_round) else budget.over_budget(server_round)
+
+    def release(self, budget: PrivacyBudget, server_round: int, weights: Iterable[np.ndarray], secure: bool) -> None:
+        """Step 7: the round's model logged as released (write-ahead, durable: :meth:`record`), then accounted by
+        ``budget``, unless it repeats a logged release (a seeded re-run: no new ε); all before it can leave."""
+        repeat = self.repeats(server_round)
+        self.record(budget.release(server_round, weights, secure))
+        if not repeat:
+            budget.account()
+
+    def resume(self, budget: PrivacyBudget, released: int, logged_at_checkpoint: int) -> list[Release]:
+        """Account into ``budget`` (restored with ``released`` releases) every release logged after the checkpoint
+        (:meth:`owed_after`); the owed releases."""
+        owed = self.owed_after(logged_at_checkpoint)
+        budget.resume(released, owed)
+        return owed
 
     def record(self, release: Release) -> None:
         """Write-ahead, before the model can leave the server (next broadcast, checkpoint): the release's log line,
