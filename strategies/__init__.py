@@ -23,6 +23,7 @@ from strategies.fed_smp import FedAvgRandK, FedAvgTopK, FedSMPRandK, FedSMPTopK
 from strategies.fedavg import FedAvg, FedSAM
 from strategies.flower_dp import UNIT_WEIGHT
 from strategies.noisy import NoisyFedAvg, NoisyFedProx
+from strategies.own_mechanism import PrivateByItsOwnMechanism
 from strategies.registry import build_strategy, register_strategy, strategy_class
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "FederatedStrategy",
     "NoisyFedAvg",
     "NoisyFedProx",
+    "PrivateByItsOwnMechanism",
     "PrivateRounds",
     "RegisteredDP",
     "build_strategy",

@@ -29,10 +29,9 @@ from logging import INFO
 from typing import Any, ClassVar
 
 from flwr.common.logger import log
-from flwr.serverapp import PrivacyAccountant
 
 from fl_app.checkpoint import Checkpoint
-from fl_app.config import AppConfig, ConfigError, StrategyConfig, require
+from fl_app.config import ConfigError, StrategyConfig, require
 from fl_app.core.choices import FACTORIZATIONS, PARTICIPATION_SAMPLINGS
 from fl_app.instructions import RecipeSpec
 from fl_app.privacy.accountants.matrix_factorization import (
@@ -46,9 +45,8 @@ from fl_app.privacy.mechanisms.participation import (
     ParticipationRule,
 )
 from fl_app.privacy.pipeline import Mechanism
-from strategies.base import FederatedStrategy
-from strategies.client_dp.private_rounds import PrivateRounds
 from strategies.client_dp.sampling import ParticipationSampler
+from strategies.own_mechanism import PrivateByItsOwnMechanism
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class FTRLConfig(StrategyConfig):
                 self.bands, "an integer >= 1 or null for min_separation")  # fmt: skip
 
 
-class DPFTRLFedAvg(FederatedStrategy):
+class DPFTRLFedAvg(PrivateByItsOwnMechanism):
     config_name = "dp_ftrl_fedavg"
     settings_class: ClassVar[type[StrategyConfig]] = FTRLConfig
     local_optimizer = "sgd"
@@ -79,25 +77,14 @@ class DPFTRLFedAvg(FederatedStrategy):
         "DP-FTRL's bound is one Gaussian mechanism of the factorization at one clip norm; adaptive clipping's noisy "
         "count every round would need a joint accounting with it that is not done here"
     )
+    own_bound = (
+        "the matrix-factorization mechanism's GDP bound over the run (one Gaussian mechanism of the factorization's "
+        "sensitivity)"
+    )
     client_placement_refusal = (
         "DP-FTRL's noise is one stream correlated across rounds (C^-1 z); a client takes part in at most k rounds "
         "and cannot hold it, so the server adds it"
     )
-
-    def __init__(
-        self, config: AppConfig | None = None, /, *, accountant: PrivacyAccountant | str | None = None, **kwargs: Any
-    ) -> None:
-        """Private by its own mechanism (the correlated noise and its bound), not by the sampled Gaussian layer;
-        ``accountant`` can only be a name (``privacy.accountant``, unused by its bound)."""
-        if isinstance(accountant, str):
-            kwargs["accountant"] = accountant
-        elif accountant is not None:
-            raise ConfigError(
-                f"{type(self).__name__}: its epsilon is the matrix-factorization mechanism's GDP bound over the run "
-                "(one Gaussian mechanism of the factorization's sensitivity), not a composition of sampled Gaussian "
-                "events: an accountant cannot be given"
-            )
-        super().__init__(config, privacy=PrivateRounds(), **kwargs)
 
     # ----- participation: the run's sampler (strategies/client_dp/sampling.py: ParticipationSampler) -----------
 

@@ -14,15 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from flwr.serverapp import PrivacyAccountant
-
-from fl_app.config import AppConfig, ConfigError, StrategyConfig, require
+from fl_app.config import StrategyConfig, require
 from fl_app.core.choices import NOISY_SCHEDULES
 from fl_app.instructions import NoisyLocalConfig, RecipeSpec
 from fl_app.privacy.fdp import GDPBound, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger
-from strategies.base import FederatedStrategy
-from strategies.client_dp.private_rounds import PrivateRounds
+from strategies.own_mechanism import PrivateByItsOwnMechanism
 
 
 @dataclass(frozen=True)
@@ -58,7 +55,7 @@ class NoisyProxConfig(NoisyConfig):
         require(self.prox_coef >= 0, "strategy.prox_coef", self.prox_coef, "alpha >= 0")
 
 
-class NoisyFedAvg(FederatedStrategy):
+class NoisyFedAvg(PrivateByItsOwnMechanism):
     config_name = "noisy_fedavg"
     settings_class: ClassVar[type[StrategyConfig]] = NoisyConfig
     local_optimizer = "sgd"
@@ -72,20 +69,8 @@ class NoisyFedAvg(FederatedStrategy):
         "there is no update clip norm C for adaptive clipping to move"
     )
     algorithm: ClassVar[str] = "noisy_fedavg"
-
-    def __init__(
-        self, config: AppConfig | None = None, /, *, accountant: PrivacyAccountant | str | None = None, **kwargs: Any
-    ) -> None:
-        """Private by its own mechanism (the clients' noise, the run's f-DP bound), not by a client-level DP layer;
-        ``accountant`` can only be a name (``privacy.accountant``, unused by its bound)."""
-        if isinstance(accountant, str):
-            kwargs["accountant"] = accountant
-        elif accountant is not None:
-            raise ConfigError(
-                f"{type(self).__name__}: its epsilon is the GDP bound of seed 004 (Thm 3 / Thm 4) of the number of "
-                "releases, not a composition of sampled Gaussian events: an accountant cannot be given"
-            )
-        super().__init__(config, privacy=PrivateRounds(server_average=False), **kwargs)
+    own_bound = "the GDP bound of seed 004 (Thm 3 / Thm 4) of the number of releases"
+    server_average = False  # the clients noise their models; the server takes the plain mean of what arrived
 
     @property
     def prox_coef(self) -> float:
