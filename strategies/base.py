@@ -2,24 +2,19 @@
 
 Every round t (journal Alg. 1; docs/mechanisms.md states each step and its privacy argument):
 
-1. **Budget guard** — stop *before* a round whose release would take ε above ``privacy.max_epsilon``
-   (:class:`~strategies.client_dp.PrivacyBudget`).
-2. **Sample** — partition ids by Poisson(q) or fixed-size m = qM, from the stream ``(seed, t, SAMPLING)`` or the
-   OS CSPRNG (strategies/client_dp/randomness.py); the accountant accounts the same event.
-3. **Configure** — the global model and :class:`~fl_app.instructions.TrainInstructions` (the recipe, C, σ, m, the
-   noise placement) per client, or per cohort of clients balanced by local work (``population=virtual``).
+1. **Budget guard** — no round whose release would take ε above ``privacy.max_epsilon`` (client_dp/budget.py).
+2. **Sample** — Poisson(q) or fixed-size m = qM, seeded or the OS CSPRNG (client_dp/sampling.py, randomness.py).
+3. **Configure** — the global model and the TrainInstructions (recipe, C, σ, m, placement), a client or a cohort each.
 4. **Client** (clients/) — local SGD or SAM → Δ → clip to C → (client placement) + N(0, σ²C²/m).
-5. **Screen and admit** — bind each reply to its message, reject what is malformed, of other shapes or not finite
-   (strategies/screening.py), re-clip to C (k·C for a cohort's sum) where the server clips.
-6. **Aggregate** — the uniform sum over the **fixed** m plus the placement's noise N(0, σ²C²/m²) and the pipeline's
-   server steps (:class:`~strategies.client_dp.NoisyAverage`), then the server optimizer (post-processing).
-7. **Account** — the release logged ahead (``releases.jsonl``: strategies/client_dp/releasing.py), then composed
-   by the ledger, before the model can leave the server; resumes account what was logged after the checkpoint.
+5. **Screen and admit** — bind, reject the malformed (screening.py), re-clip (k·C a cohort) where the server clips.
+6. **Aggregate** — the sum over the **fixed** m, the placement's noise, the server steps (client_dp/average.py), then
+   the server optimizer (post-processing).
+7. **Account** — the release logged ahead, then composed by the ledger, before the model can leave (releasing.py).
 8. **Evaluate and record** — global test loss/accuracy, ε, norm statistics, one JSON line.
 
-Non-private references (FedAvg, FedSAM) run the same skeleton without a budget or a noisy average: no clipping, no
-noise, the mean over the updates that arrived. Strategy subclasses say which client recipe they use; the mechanism
-math lives in :mod:`fl_app.privacy`.
+A plain algorithm (built without :class:`PrivateRounds`: FedAvg, FedSAM, ...) runs the same skeleton without steps 1
+and 7 or a noisy average: no clipping, no noise, the mean of what arrived. Subclasses say which client recipe runs;
+the mechanism math lives in :mod:`fl_app.privacy`.
 """
 
 from __future__ import annotations
@@ -46,13 +41,9 @@ from fl_app.instructions import (
     RecipeSpec,
     TrainInstructions,
     local_training_config,
-    make_train_instructions,
 )
 from fl_app.metrics import OPERATOR_FILE, MetricsWriter
-from fl_app.privacy.pipeline import (
-    Mechanism,
-    mechanisms_for,
-)
+from fl_app.privacy.pipeline import Mechanism, mechanisms_for
 from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
 from strategies.client_dp import NoisyAverage, PrivacyBudget
@@ -70,10 +61,10 @@ from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
 from strategies.observers import RoundObserver
 from strategies.population import Population
 from strategies.round_steps import AggregationSteps
-from strategies.rounds import RoundOutcome, RoundPlan, train_messages
+from strategies.rounds import RoundOutcome, RoundPlan, RunInstructions, train_messages
 from strategies.run_loop import RoundLoop
 from strategies.run_state import RunState
-from strategies.settings import CohortSize, RunSettings, check_cohort_engine, is_simulation
+from strategies.settings import CohortSize, RunSettings, check_cohort_engine, initial_cohort_size, is_simulation
 from strategies.statistics import ClientStatistics, released_line
 
 #: Called with the strategy whenever what it has released and accounted changes (after a resume's accounting and
@@ -100,17 +91,11 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         **settings: Any,
     ) -> None:
         """Build the strategy from a validated ``config``, or from keyword ``settings`` over conf/'s defaults
-        (``FedSAM(num_clients=100, num_rounds=20)``; :func:`fl_app.config.settings_overrides` says how a name finds
-        its key), validated the same way.
-
-        ``privacy`` makes every round client-level DP (:class:`~strategies.client_dp.private_rounds.PrivateRounds`:
-        clip, noise over the fixed m, budget guard, accounting); without it the strategy is the plain algorithm.
-        What a run needs beyond Flower's ``start()`` arguments comes here: ``metrics`` (the per-round writer),
-        ``checkpoint_dir`` (checkpoints, the release log, the audit's files), ``resume_from`` (continue after that
-        checkpoint), ``on_accounted`` (called whenever the released and accounted state changes) and ``observers``
-        (:class:`strategies.observers.RoundObserver`: told about every completed round, after the metrics log and
-        the checkpoint).
-        """
+        (``FedSAM(num_clients=100, num_rounds=20)``; :func:`fl_app.config.settings_overrides`). ``privacy``
+        (:class:`PrivateRounds`) makes every round client-level DP; without it the strategy is the plain algorithm.
+        Beyond Flower's ``start()`` arguments: ``metrics`` (the per-round writer), ``checkpoint_dir`` (checkpoints,
+        release log, audit files), ``resume_from`` (continue after that checkpoint), ``on_accounted`` (called whenever
+        the released and accounted state changes), ``observers`` (:class:`RoundObserver`s, told of every round)."""
         if config is None:
             config = compose_config(settings_overrides(self.config_name, settings, self.settings_class))
         elif settings:
@@ -153,11 +138,9 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         #: Who takes part in each round (strategies/client_dp/sampling.py): ``privacy.sampling``'s sampler.
         self.sampler: ClientSampler = client_sampler(privacy, self.num_clients, self.expected_clients)
         self.noise_multiplier = privacy.noise_multiplier
-        #: The last key word of the run's seeded noise streams (``privacy.noise_stream=per_run``), None = the seed's
-        #: shared noise: ``randomness.noise_rng``, and the clients' noise through the instructions.
+        #: The last key word of the run's seeded noise streams (``privacy.noise_stream=per_run``; None: shared).
         self.noise_key: int | None = noise_stream_key(config)
-        #: What the run publishes about its clients (strategies/statistics.py); "auto" is resolved by
-        #: resolve_settings() (raw in simulation, none against a real SuperLink).
+        #: What the run publishes about its clients (statistics.py); "auto" until resolve_settings().
         self.statistics = ClientStatistics(
             privacy.client_statistics, privacy.statistics_noise_multiplier or self.expected_clients / 20
         )
@@ -166,8 +149,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
                 "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
                 f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
             )
-        #: The clip norm of the coming round, C_t (strategies/client_dp/clipping.py): fixed, or adaptive clipping's,
-        #: which releases a noisy clipped count every round and so takes its share of the joint noise multiplier.
+        #: C_t, the clip norm of the coming round (client_dp/clipping.py): fixed, or adaptive clipping's.
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, may_adapt=self.privacy is not None)
         #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
         self.placement: Placement = placement(privacy.placement)
@@ -176,38 +158,27 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         if self.privacy is not None:
             ledger = self.make_ledger()
             self.noise_multiplier = self.calibrated_noise_multiplier()
-            self.budget = PrivacyBudget(
-                ledger,
-                self.mechanisms,
-                noise_multiplier=accounted_noise_multiplier(self.noise_multiplier, self.clipping, self.statistics),
-                sample_rate=privacy.sample_rate,
-                max_epsilon=privacy.max_epsilon,
-            )
-        #: The released average over the fixed m with the server's clip and noise (strategies/client_dp/average.py),
-        #: where the privacy has the server add noise; None: the plain mean of what arrived (a plain algorithm;
-        #: Noisy-FedAvg, whose clients noise their models).
+            accounted = accounted_noise_multiplier(self.noise_multiplier, self.clipping, self.statistics)
+            self.budget = PrivacyBudget(ledger, self.mechanisms, noise_multiplier=accounted,
+                                        sample_rate=privacy.sample_rate, max_epsilon=privacy.max_epsilon)  # fmt: skip
+        #: The released average over the fixed m with the server's clip and noise (client_dp/average.py); None: the
+        #: plain mean of what arrived (a plain algorithm; Noisy-FedAvg, whose clients noise their models).
         self.noisy_average: NoisyAverage | None = None
         if self.budget is not None and self.privacy is not None and self.privacy.server_average:
-            self.noisy_average = NoisyAverage(
-                self.mechanisms,
-                self.placement,
-                self.clipping,
-                noise_multiplier=self.noise_multiplier,
-                expected_clients=self.expected_clients,
-                noise_source=lambda server_round, purpose: self.randomness.noise_rng(server_round, purpose),
-            )
+            # The draws of the run's randomness as resolved when the round runs (resolve_settings() replaces it).
+            draws = lambda t, purpose: self.randomness.noise_rng(t, purpose)  # noqa: E731
+            self.noisy_average = NoisyAverage(self.mechanisms, self.placement, self.clipping,
+                                              noise_multiplier=self.noise_multiplier,
+                                              expected_clients=self.expected_clients, noise_source=draws)  # fmt: skip
 
     def _init_run_state(self, config: AppConfig) -> None:
         """What the run carries from round to round and resolves once: the round in flight, the releases, the
         settings and randomness of where the run happens, the cohort size, the audit."""
-        privacy = config.privacy
-        #: The global model the last aggregated round started from (cross-round state: Fed-SMP-topk's global mask is
-        #: the top-k of the last global update; checkpointed as ``previous_global``).
+        #: The global model the last aggregated round started from (Fed-SMP-topk's mask; checkpointed).
         self.last_round_global: list[np.ndarray] = []
-        # The run's part of every round's instructions (train_instructions), once its randomness is known.
-        self._run_instructions: TrainInstructions | None = None
-        #: The round configure_train planned and aggregate_train has not yet released (Flower's hooks share nothing
-        #: else).
+        #: The run's part of every round's instructions (:meth:`train_instructions`).
+        self.run_instructions: RunInstructions | None = None
+        #: The round configure_train planned and aggregate_train has not yet released (all the hooks share).
         self.in_flight: RoundInFlight | None = None
         #: The outcome of the last round aggregate_train released (what start()'s record and observers read).
         self.last_outcome: RoundOutcome | None = None
@@ -216,23 +187,13 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         self.stop_reason: str | None = None
         #: Consecutive rounds in which nobody's update was accepted: the run fails after ``max_empty_rounds``.
         self.empty_rounds = EmptyRoundWatch(config.max_empty_rounds)
-        #: The run's releases (strategies/client_dp/releasing.py): the write-ahead log in ``checkpoint_dir`` (none
-        #: without one); seeded until resolve_settings() knows the run's randomness.
+        #: The run's releases: the write-ahead log in ``checkpoint_dir``; seeded until resolve_settings().
         self.releases = RunReleases(None if self.budget is None else self.checkpoint_dir, seeded=True)
         #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
         self.run_settings: RunSettings | None = None
-        #: The server's random sources (strategies/client_dp/randomness.py); until resolve_settings(), "auto" is the
-        #: seeded one.
-        self.randomness = RunRandomness(
-            secure=config.privacy.secure_noise is True,
-            seed=config.seed,
-            noise_key=self.noise_key,
-            sampling=privacy.sampling,
-            sample_rate=privacy.sample_rate,
-        )
-        # Until resolve_settings(): one message per client for "auto".
-        size = config.simulation.cohort_size
-        self.cohort_size: CohortSize = 1 if size == "auto" or config.population != "virtual" else int(size)
+        #: The server's random sources; until resolve_settings(), "auto" is the seeded one.
+        self.randomness = RunRandomness.for_config(config.privacy, config.seed, self.noise_key)
+        self.cohort_size: CohortSize = initial_cohort_size(config)  # resolved by resolve_settings()
         #: The run's canary audit (``audit``; created by prepare_run()).
         self.auditor: CanaryAuditor | None = None
 
@@ -347,34 +308,20 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         # One message format: a message names its partitions (a cohort, or a cohort of one) and their faults.
         record = ConfigRecord({**instructions.to_config_record(), **config})
         sent = train_messages(server_round, arrays, groups, record, mask, self.population, self.config.fault_injection)
-        return RoundPlan(
-            server_round=server_round,
-            global_weights=global_weights,
-            instructions=instructions,
-            sampled=len(sampled),
-            sent=sent,
-            mask=mask,
-            cohort_mode=cohorts is not None,
-        )
+        return RoundPlan(server_round=server_round, global_weights=global_weights, instructions=instructions,
+                         sampled=len(sampled), sent=sent, mask=mask, cohort_mode=cohorts is not None)  # fmt: skip
 
     def train_instructions(self, server_round: int) -> TrainInstructions:
-        """What every client of the round is told: the recipe, the local procedure, C_t, σ, m, the noise placement.
-        The run's part (data, model, recipe, procedure, σ, m, placement, randomness and noise key) is built once for
-        the run's randomness; each round writes its number and its clip norm C_t into it."""
-        run_part = self._run_instructions
-        if run_part is None or run_part.secure_noise != self.secure_noise:
-            run_part = self._run_instructions = make_train_instructions(
-                self.config,
-                0,
-                recipe=self.client_recipe(),
-                training=self.local_training(),
-                clip_norm=0.0,
+        """What every client of the round is told: the recipe, the local procedure, C_t, σ, m, the noise placement
+        (the run's part built once: :class:`~strategies.rounds.RunInstructions`)."""
+        if self.run_instructions is None:  # after the constructor: the recipe may read what it set
+            self.run_instructions = RunInstructions(
+                self.config, self.client_recipe(), self.local_training(),
                 add_noise=self.budget is not None and self.placement.clients_add_noise,
                 noise_multiplier=0.0 if self.budget is None else self.noise_multiplier,
                 expected_clients=self.expected_clients,
-                secure_noise=self.secure_noise,
-            )
-        return replace(run_part, server_round=server_round, clip_norm=self.client_clip_norm)
+            )  # fmt: skip
+        return self.run_instructions.for_round(server_round, self.client_clip_norm, self.secure_noise)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -5,16 +5,53 @@ reply, and what aggregation produced."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 
-from fl_app.config import FaultInjectionConfig
-from fl_app.instructions import TrainInstructions
+from fl_app.config import AppConfig, FaultInjectionConfig
+from fl_app.instructions import (
+    LocalTrainingConfig,
+    NoisyLocalConfig,
+    RecipeSpec,
+    TrainInstructions,
+    make_train_instructions,
+)
 from fl_app.privacy.mechanisms import NormalSource
 from strategies.population import Population
+
+
+class RunInstructions:
+    """The run's part of every round's train instructions (data, model, recipe, local procedure, σ, m, whether the
+    clients add noise, the randomness and noise key), built once for the run's randomness; each round writes its
+    number and its clip norm C_t into it (:meth:`for_round`)."""
+
+    def __init__(
+        self,
+        config: AppConfig,
+        recipe: RecipeSpec,
+        training: LocalTrainingConfig | NoisyLocalConfig,
+        *,
+        add_noise: bool,
+        noise_multiplier: float,
+        expected_clients: float,
+    ) -> None:
+        self.config, self.recipe, self.training = config, recipe, training
+        self.add_noise, self.noise_multiplier, self.expected_clients = add_noise, noise_multiplier, expected_clients
+        self._built: TrainInstructions | None = None
+
+    def for_round(self, server_round: int, clip_norm: float, secure_noise: bool) -> TrainInstructions:
+        """What every client of round ``server_round`` is told, at clip norm C_t = ``clip_norm``."""
+        built = self._built
+        if built is None or built.secure_noise != secure_noise:
+            built = self._built = make_train_instructions(
+                self.config, 0, recipe=self.recipe, training=self.training, clip_norm=0.0, add_noise=self.add_noise,
+                noise_multiplier=self.noise_multiplier, expected_clients=self.expected_clients,
+                secure_noise=secure_noise,
+            )  # fmt: skip
+        return replace(built, server_round=server_round, clip_norm=clip_norm)
 
 
 @dataclass

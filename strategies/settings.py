@@ -102,6 +102,13 @@ def _check_virtual_deployment(config: AppConfig) -> None:
     log(ERROR, "VIRTUAL POPULATION IN A DEPLOYMENT: %s", VIRTUAL_DEPLOYMENT_DISCLOSURE)
 
 
+def initial_cohort_size(config: AppConfig) -> CohortSize:
+    """The cohort size before :meth:`RunSettings.resolve` knows where the run happens: ``auto`` is one message per
+    client until then."""
+    size = config.simulation.cohort_size
+    return 1 if size == "auto" or config.population != "virtual" else int(size)
+
+
 def is_simulation(grid: Grid) -> bool:
     """True under Flower's simulation engine: the in-memory grid of ``run_simulation``, or a run whose primary task
     is ``flwr-simulation`` (``flwr run`` against a ``--simulation`` SuperLink, which hands the ServerApp an HTTP

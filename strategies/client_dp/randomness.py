@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from fl_app.config import DPConfig
 from fl_app.privacy import mechanisms as mech
 
 
@@ -31,6 +32,11 @@ class RunRandomness:
     sampling: str
     sample_rate: float
     deployment: bool | None = None
+
+    @classmethod
+    def for_config(cls, privacy: DPConfig, seed: int, noise_key: int | None) -> RunRandomness:
+        """The sources of a run's ``privacy`` section (``secure_noise``: ``auto`` is seeded until resolved)."""
+        return cls(privacy.secure_noise is True, seed, noise_key, privacy.sampling, privacy.sample_rate)
 
     def round_rng(self, server_round: int, purpose: int) -> mech.RandomSource:
         """The server's draws of a round for ``purpose`` (sampling, masks)."""
