@@ -20,7 +20,7 @@ from strategies.dp_fedsam_topk import DPFedSAMTopK, FedSAMTopK
 from strategies.dp_ftrl import DPFedAvgUnamplified, DPFTRLFedAvg, DPFTRLFedSAM
 from strategies.dp_over_flower import DPOverFlowerMean
 from strategies.fed_smp import FedAvgRandK, FedAvgTopK, FedSMPRandK, FedSMPTopK
-from strategies.fedavg import FedAvg, FedSAM
+from strategies.fedavg import FederatedAveraging, FedSAM
 from strategies.flower_dp import UNIT_WEIGHT
 from strategies.noisy import NoisyFedAvg, NoisyFedProx
 from strategies.own_mechanism import PrivateByItsOwnMechanism
@@ -39,7 +39,6 @@ __all__ = [
     "DPFedSAMTopK",
     "DPOverFlowerMean",
     "DPOverRounds",
-    "FedAvg",
     "FedAvgBLUR",
     "FedAvgBLURS",
     "FedAvgRandK",
@@ -48,6 +47,7 @@ __all__ = [
     "FedSAMTopK",
     "FedSMPRandK",
     "FedSMPTopK",
+    "FederatedAveraging",
     "FederatedStrategy",
     "NoisyFedAvg",
     "NoisyFedProx",

@@ -4,7 +4,7 @@ DP-FedSAM: Shi et al., CVPR 2023, journal Alg. 1 with Eqs. 10–11; docs/mechani
 ``ClientLevelDP(strategy, ...)`` is a Flower strategy that wraps ``strategy``, as Flower's own
 ``DifferentialPrivacyServerSideFixedClipping`` wraps one, and is built for the kind of strategy it is given:
 
-- one of this project's plain strategies (``FedAvg``, ``FedSAM``, the sparsified and BLUR algorithms;
+- one of this project's plain strategies (``FederatedAveraging``, ``FedSAM``, the sparsified and BLUR algorithms;
   :class:`strategies.base.FederatedStrategy`): :class:`DPOverRounds`. The strategy's rounds are rebuilt with
   :class:`~strategies.client_dp.private_rounds.PrivateRounds` (clip to C_t, the average over the fixed m with the
   placement's Gaussian noise, the budget guard, the release log, the ledger); its algorithm (the local recipe, the
@@ -61,7 +61,7 @@ class ClientLevelDP(Strategy):
                 )
             if not wrapping:
                 raise TypeError(
-                    f"ClientLevelDP wraps one of this project's plain strategies (strategies.FedAvg, FedSAM, ...) or "
+                    f"ClientLevelDP wraps one of this project's plain strategies (FederatedAveraging, FedSAM, ...) or "
                     f"one of Flower's FedAvg family, not {type(strategy).__name__}"
                 )
             cls = wrapping[0]
@@ -215,7 +215,7 @@ def check_rebuildable(strategy: FederatedStrategy) -> None:
     if strategy.privacy is not None:
         raise ValueError(
             f"ClientLevelDP: {type(strategy).__name__} is private by its own mechanism already; wrap a plain strategy "
-            "(FedAvg, FedSAM, ...)"
+            "(FederatedAveraging, FedSAM, ...)"
         )
     own = [
         name

@@ -21,7 +21,7 @@ from strategies.dp_fedsam import DPFedSAM
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from strategies.dp_ftrl import DPFedAvgUnamplified, DPFTRLFedAvg, DPFTRLFedSAM
 from strategies.fed_smp import FedSMPRandK, FedSMPTopK
-from strategies.fedavg import FedAvg, FedSAM
+from strategies.fedavg import FederatedAveraging, FedSAM
 from strategies.noisy import NoisyFedAvg, NoisyFedProx
 
 #: A strategy ``strategy=<name>`` can run: a plain strategy or one private by its own mechanism
@@ -31,7 +31,7 @@ StrategyClass = TypeVar("StrategyClass", bound=type[NamedStrategy])
 
 #: The project's strategies, each with its conf/strategy/<config_name>.yaml.
 PROJECT_STRATEGIES: tuple[type[NamedStrategy], ...] = (
-    FedAvg, FedSAM, DPFedAvg, DPFedSAM, DPFedSAMTopK, FedSMPRandK, FedSMPTopK, DPFedAvgBLUR, DPFedAvgBLURS,
+    FederatedAveraging, FedSAM, DPFedAvg, DPFedSAM, DPFedSAMTopK, FedSMPRandK, FedSMPTopK, DPFedAvgBLUR, DPFedAvgBLURS,
     NoisyFedAvg, NoisyFedProx, DPFTRLFedAvg, DPFTRLFedSAM, DPFedAvgUnamplified,
 )  # fmt: skip
 

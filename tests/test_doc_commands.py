@@ -102,7 +102,7 @@ def test_every_setup_line_of_the_docs_comes_before_a_command() -> None:
 
 #: Where each class of an excerpt is defined (the page names the file in the text around the block).
 EXCERPT_SOURCES = {
-    "FedAvg": "strategies/fedavg.py",
+    "FederatedAveraging": "strategies/fedavg.py",
     "DPFedAvg": "strategies/dp_fedavg.py",
     "HalfRoundsLedger": "tests/privacy/test_ledger.py",
     "DoubleCounting": "tests/privacy/test_ledger.py",

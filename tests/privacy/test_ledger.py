@@ -10,7 +10,7 @@ from fl_app.config import DPConfig
 from fl_app.privacy.accountants import compute_epsilon
 from fl_app.privacy.fdp import gdp_to_epsilon, noisy_bound
 from fl_app.privacy.ledger import GDPLedger, PrivacyLedger, SampledGaussianLedger
-from strategies import ClientLevelDP, FedAvg, PrivateRounds
+from strategies import ClientLevelDP, FederatedAveraging, PrivateRounds
 from tests.helpers import FakeGrid, build, zeros
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
 
@@ -76,7 +76,7 @@ class DoubleCounting(PrivateRounds):
 def test_a_strategy_that_brings_its_own_ledger_is_accounted_by_it_everywhere(tmp_path):
     overrides = ["strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2", "privacy.max_epsilon=3"]
     config = build(*overrides).config
-    strategy = ClientLevelDP(FedAvg(config, checkpoint_dir=tmp_path), private_rounds=DoubleCounting())
+    strategy = ClientLevelDP(FederatedAveraging(config, checkpoint_dir=tmp_path), private_rounds=DoubleCounting())
     strategy.start(FakeGrid(), ArrayRecord(zeros([(4, 5)])), num_rounds=10)
     # The round loop, the budget guard and run.json's claim all went through the test's ledger.
     rounds = strategy.ledger.rounds

@@ -33,7 +33,7 @@ from fl_app.privacy.pipeline import (
     run_client_steps,
     run_server_steps,
 )
-from strategies import ClientLevelDP, FedAvg
+from strategies import ClientLevelDP, FederatedAveraging
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam_topk import DPFedSAMTopK
 from tests.helpers import InProcessGrid
@@ -134,7 +134,7 @@ class Halve(Mechanism):
         return [a * 2.0 for a in average]
 
 
-class HalvedFedAvg(FedAvg):
+class HalvedFedAvg(FederatedAveraging):
     def client_recipe(self) -> RecipeSpec:
         return RecipeSpec(kind="halved")
 

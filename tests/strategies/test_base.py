@@ -27,7 +27,7 @@ from fl_app.privacy.accountants import compute_epsilon
 from strategies.base import FederatedStrategy
 from strategies.dp_fedavg import DPFedAvg
 from strategies.dp_fedsam import DPFedSAM
-from strategies.fedavg import FedAvg, FedSAM
+from strategies.fedavg import FederatedAveraging, FedSAM
 from tests.helpers import (
     FakeGrid,
     build,
@@ -406,7 +406,7 @@ def test_secure_noise_is_not_reproducible():
 
 def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
     strategy = build("strategy=fedavg", *SMALL_POP)
-    assert isinstance(strategy, FedAvg) and strategy.privacy is None and strategy.budget is None
+    assert isinstance(strategy, FederatedAveraging) and strategy.privacy is None and strategy.budget is None
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     big = with_norm(SMALL_SHAPES, 1e3, seed=1)
     small = with_norm(SMALL_SHAPES, 0.1, seed=2)
@@ -430,7 +430,7 @@ def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
 
 
 def test_nonprivate_guarantee():
-    for name, cls in (("fedavg", FedAvg), ("fedsam", FedSAM)):
+    for name, cls in (("fedavg", FederatedAveraging), ("fedsam", FedSAM)):
         strategy = build(f"strategy={name}")
         assert isinstance(strategy, cls)
         assert strategy.ledger is None

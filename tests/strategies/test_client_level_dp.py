@@ -21,7 +21,7 @@ from strategies import (
     DPFedSAM,
     DPOverFlowerMean,
     DPOverRounds,
-    FedAvg,
+    FederatedAveraging,
     FedSAM,
     NoisyFedAvg,
     PrivateRounds,
@@ -74,17 +74,17 @@ def test_the_layers_keywords_are_privacy_settings_and_equal_the_named_strategys(
 
 
 def test_the_wrapped_strategy_is_left_plain_and_the_layer_runs_a_private_rebuild() -> None:
-    plain = FedAvg(num_clients=20, num_rounds=2)
+    plain = FederatedAveraging(num_clients=20, num_rounds=2)
     layer = ClientLevelDP(plain, noise_multiplier=1.0)
     assert plain.privacy is None and plain.budget is None and plain.noisy_average is None
-    assert isinstance(layer.strategy, FedAvg) and layer.strategy is not plain
+    assert isinstance(layer.strategy, FederatedAveraging) and layer.strategy is not plain
     assert layer.strategy.privacy == PrivateRounds() and layer.budget is not None
     assert layer.noisy_average is not None and layer.config.privacy.noise_multiplier == 1.0
 
 
 def test_a_flower_accountant_accounts_the_layers_releases() -> None:
     accountant = RdpAccountant(privacy_config(1e-3, "poisson", 20))
-    layer = ClientLevelDP(FedAvg(num_clients=20, num_rounds=2), accountant=accountant, delta=1e-3)
+    layer = ClientLevelDP(FederatedAveraging(num_clients=20, num_rounds=2), accountant=accountant, delta=1e-3)
     assert layer.accountant is accountant and layer.strategy.privacy == PrivateRounds(accountant)
 
 
@@ -92,7 +92,7 @@ def test_the_layer_is_chosen_by_the_strategy_it_wraps() -> None:
     flower = FedAdam(weighted_by_key=UNIT_WEIGHT, fraction_train=1.0, min_train_nodes=2, min_available_nodes=2)
     wrapped = ClientLevelDP(flower, num_clients=2, sample_rate=0.5, clip_norm=1.0, noise_multiplier=1.0)
     assert type(wrapped) is DPOverFlowerMean and isinstance(wrapped, ClientLevelDP)
-    assert isinstance(ClientLevelDP(FedAvg(num_clients=20)), DPOverRounds)
+    assert isinstance(ClientLevelDP(FederatedAveraging(num_clients=20)), DPOverRounds)
 
 
 def test_what_the_layer_cannot_wrap_is_refused_before_anything_runs() -> None:
@@ -101,21 +101,21 @@ def test_what_the_layer_cannot_wrap_is_refused_before_anything_runs() -> None:
     with pytest.raises(ValueError, match="private by its own mechanism"):
         ClientLevelDP(NoisyFedAvg(num_clients=20))
     with pytest.raises(TypeError, match="clip_nrom not a privacy setting"):
-        ClientLevelDP(FedAvg(num_clients=20), clip_nrom=0.1)
+        ClientLevelDP(FederatedAveraging(num_clients=20), clip_nrom=0.1)
     with pytest.raises(ConfigError, match=r"privacy\.noise_multiplier"):
-        ClientLevelDP(FedAvg(num_clients=20), noise_multiplier=-1.0)
+        ClientLevelDP(FederatedAveraging(num_clients=20), noise_multiplier=-1.0)
     with pytest.raises(TypeError, match=r"pass checkpoint_dir to the wrapped strategy"):
-        ClientLevelDP(FedAvg(num_clients=20), checkpoint_dir="out")
+        ClientLevelDP(FederatedAveraging(num_clients=20), checkpoint_dir="out")
     with pytest.raises(ValueError, match="client-level DP already"):
         ClientLevelDP(DPFedSAM(num_clients=20))
     # Rounds whose server releases the plain mean would release the clients' updates without noise.
     with pytest.raises(ValueError, match="server_average=False"):
-        ClientLevelDP(FedAvg(num_clients=20), private_rounds=PrivateRounds(server_average=False))
+        ClientLevelDP(FederatedAveraging(num_clients=20), private_rounds=PrivateRounds(server_average=False))
     with pytest.raises(ValueError, match="server_average=False"):
-        FedAvg(num_clients=20, privacy=PrivateRounds(server_average=False))
+        FederatedAveraging(num_clients=20, privacy=PrivateRounds(server_average=False))
 
 
-class WithItsOwnArgument(FedAvg):
+class WithItsOwnArgument(FederatedAveraging):
     def __init__(self, *args, my_lr: float = 0.1, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.my_lr = my_lr
@@ -133,9 +133,9 @@ def test_a_subclass_of_the_layer_names_the_kind_it_wraps() -> None:
         pass
 
     with pytest.raises(TypeError, match=r"subclass DPOverRounds .* or DPOverFlowerMean"):
-        Counting(FedAvg(num_clients=20))
+        Counting(FederatedAveraging(num_clients=20))
 
     class CountingRounds(DPOverRounds):
         pass
 
-    assert isinstance(CountingRounds(FedAvg(num_clients=20)).strategy.privacy, PrivateRounds)
+    assert isinstance(CountingRounds(FederatedAveraging(num_clients=20)).strategy.privacy, PrivateRounds)

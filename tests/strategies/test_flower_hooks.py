@@ -18,7 +18,7 @@ from fl_app.config import ConfigError, compose_config
 from fl_app.models import build_model_for_dataset, get_weights
 from fl_app.privacy.accountants import compute_epsilon
 from fl_app.releases import ReleaseLog, model_digest
-from strategies import ClientLevelDP, FedAvg
+from strategies import ClientLevelDP, FederatedAveraging
 from strategies.base import FederatedStrategy
 from strategies.dp_fedavg import DPFedAvg
 from strategies.registry import build_strategy
@@ -97,7 +97,7 @@ def test_flowers_own_start_stops_at_the_budget_guard_and_releases_nothing_more()
     assert strategy.stop_reason is not None and "budget guard" in strategy.stop_reason
 
 
-class CountingHooks(FedAvg):
+class CountingHooks(FederatedAveraging):
     """A user's subclass customising the round the Flower way: overrides of both hooks that call super() (made
     private by the client-level DP layer around it)."""
 

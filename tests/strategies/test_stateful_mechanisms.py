@@ -16,7 +16,7 @@ from fl_app.checkpoint import load_checkpoint
 from fl_app.config import compose_config
 from fl_app.privacy.accountants import SampledGaussianEvent, compute_epsilon
 from fl_app.privacy.pipeline import GaussianNoise, Mechanism, ReleaseParameters, ServerStep
-from strategies import ClientLevelDP, FedAvg
+from strategies import ClientLevelDP, FederatedAveraging
 from strategies.dp_fedavg import DPFedAvg
 from tests.helpers import FakeGrid, random_update
 from tests.strategies.conftest import task_identity  # noqa: F401  (flwr Messages need a task identity)
@@ -51,8 +51,8 @@ class RoundsSeen(Mechanism):
         self.rounds = int(state["rounds"])
 
 
-class CountingFedAvg(FedAvg):
-    """A user's algorithm: FedAvg with one more server step (the DP layer around it is ClientLevelDP's)."""
+class CountingFedAvg(FederatedAveraging):
+    """A user's algorithm: FederatedAveraging with one more server step (the DP layer around it is ClientLevelDP's)."""
 
     def server_mechanisms(self) -> tuple[Mechanism, ...]:
         return (RoundsSeen(),)
@@ -96,7 +96,7 @@ class HalfStrengthNoise(GaussianNoise):
         return SampledGaussianEvent(release.noise_multiplier / 2, release.sample_rate)
 
 
-class ConservativeFedAvg(FedAvg):
+class ConservativeFedAvg(FederatedAveraging):
     def server_mechanisms(self) -> tuple[Mechanism, ...]:
         return ()
 
@@ -105,7 +105,7 @@ class ConservativeFedAvg(FedAvg):
         return tuple(HalfStrengthNoise() if type(m) is GaussianNoise else m for m in super().mechanisms)
 
 
-class NoEventFedAvg(FedAvg):
+class NoEventFedAvg(FederatedAveraging):
     @cached_property
     def mechanisms(self) -> tuple[Mechanism, ...]:
         return tuple(m for m in super().mechanisms if not isinstance(m, GaussianNoise))
