@@ -20,7 +20,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import hydra
 import torch
@@ -34,6 +34,9 @@ from fl_app.config import AppConfig, ConfigError, load_app_config
 from fl_app.config.known_keys import check_override_keys
 from fl_app.config.overrides import CONF_DIR
 from fl_app.data.datasets import DatasetUnavailableError, check_dataset
+
+if TYPE_CHECKING:  # imported where it runs: a misspelt key is refused before the strategies' import (main())
+    from apps.server_app import ServerRun
 
 
 def simulation_nodes(config: AppConfig) -> int:
@@ -152,19 +155,20 @@ def check_resources(config: AppConfig) -> None:
         )
 
 
-def preflight(config: AppConfig) -> None:
-    """Checks that must fail before Ray starts: the clients' resources fit this machine, noise calibration and the
-    accountant are set up (an unreachable target epsilon raises ValueError), missing data raises
-    DatasetUnavailableError with the how-to message, and a Ray cluster to join that does not answer raises
-    ConnectionError."""
-    from strategies.registry import build_strategy
+def preflight(config: AppConfig, output_dir: Path) -> ServerRun:
+    """Checks that must fail before Ray starts, and the run they clear: the clients' resources fit this machine; the
+    run is prepared (:class:`ServerRun`: the strategy built once, so noise calibration and the accountant are set up
+    and an unreachable target epsilon raises ValueError); missing data raises DatasetUnavailableError with the
+    how-to message; a Ray cluster to join that does not answer raises ConnectionError."""
+    from apps.server_app import ServerRun
 
     check_resources(config)
-    build_strategy(config)
+    server_run = ServerRun.prepare(config, output_dir)
     # Both splits read and checked, nothing kept: this process evaluates on the test split and trains on none.
     check_dataset(config.dataset.name, config.dataset.data_dir, download=config.dataset.download)
     if config.simulation.ray_address is not None:
         check_ray_address(config.simulation.ray_address)
+    return server_run
 
 
 def check_ray_address(address: str, timeout: float = 5.0) -> None:
@@ -186,8 +190,8 @@ def check_ray_address(address: str, timeout: float = 5.0) -> None:
         raise ConnectionError(f"no Ray cluster answers at {host_port} (simulation.ray_address): {exc}") from exc
 
 
-def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> None:
-    """Run one simulation of ``config`` (validated, and :func:`preflight`-checked) writing into ``output_dir``."""
+def run(server_run: ServerRun) -> None:
+    """Run one simulation of the prepared ``server_run`` (:func:`preflight`'s) on Flower's simulation engine."""
     import ray
     from flwr.simulation import run_simulation
 
@@ -196,6 +200,7 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
     from apps.server_app import make_server_app
     from strategies.messaging import engine_stopped, stop_waiting_for_replies
 
+    config, output_dir = server_run.config, server_run.output_dir
     # The server's own torch work (evaluation) stays within the simulation's CPU share.
     torch.set_num_threads(_total_cpus(config))
     # Hydra's root handler would print every Flower log line a second time.
@@ -212,7 +217,7 @@ def run(config: AppConfig, output_dir: Path, progress: bool | None = None) -> No
         try:
             # Flower logs a deprecation warning for run_simulation here; see the module docstring and docs/running.md.
             run_simulation(
-                server_app=make_server_app(config, output_dir, progress=progress),
+                server_app=make_server_app(server_run),
                 client_app=client_app,
                 num_supernodes=num_nodes,
                 backend_config=backend_config(config),
@@ -251,12 +256,12 @@ def main(cfg: DictConfig) -> float:
 
     try:
         config = resolve_resume(load_app_config(cfg))
-        preflight(config)
+        output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
+        server_run = preflight(config, output_dir)
     except (ConfigError, ConnectionError, DatasetUnavailableError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
-    run(config, output_dir)
+    run(server_run)
     from fl_app.metrics import read_metrics
 
     records = read_metrics(output_dir / "metrics.jsonl")

@@ -1,8 +1,8 @@
 """Flower ServerApp: build the strategy and the accountant from the validated config and run the rounds.
 
-Two front doors share :func:`run_federated`: ``flwr run`` (config from the run-config, composed through Hydra in
-:func:`main`) and the Hydra entry point :mod:`apps.main` (config composed on the command line, handed to
-:func:`make_server_app`).
+Two front doors share :class:`ServerRun`: ``flwr run`` (config from the run-config, composed through Hydra in
+:func:`main`, prepared and run there: :func:`run_federated`) and the Hydra entry point :mod:`apps.main` (config
+composed on the command line, the run prepared before Ray starts and handed to :func:`make_server_app`).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import datetime as dt
 import os
 import platform
 import time
+from dataclasses import dataclass
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,7 @@ from fl_app.core.atomic import atomic_write
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, get_weights, weight_names
 from fl_app.threads import limit_library_threads
-from strategies.base import FederatedStrategy
-from strategies.registry import build_strategy
+from strategies.registry import NamedStrategy, build_strategy
 from strategies.settings import is_simulation
 
 RUNS_DIR_ENV = "DPFEDSAM_RUNS_DIR"
@@ -64,75 +64,100 @@ class RunFile:
         write_json_atomic(self.path, self.meta)
 
 
-def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: bool | None = None) -> Result:
-    """Run one federated training with ``config`` on ``grid``; write metrics, run metadata and the final model."""
-    started_unix = time.time()
-    # The server aggregates with NumPy while the workers train: its BLAS threads must not spin on their cores.
-    limit_library_threads(torch.get_num_threads())
-    # A no-op where the Hydra entry point did it already; early enough for the threads this run starts.
-    limit_malloc_arenas()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    log(INFO, "Run output directory: %s", output_dir)
-    model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)
-    initial = get_weights(model)
-    checkpoint = load_checkpoint(output_dir) if config.resume else None
-    metrics = MetricsWriter(output_dir, config.num_rounds, progress=progress)
-    if checkpoint is not None:
-        metrics.truncate_after(checkpoint.round)
+@dataclass
+class ServerRun:
+    """One run of the ServerApp, set up before it meets a grid: where it writes, the initial model, the checkpoint
+    it resumes, the metrics writer, run.json and the strategy — built once, here, so that a config the strategy
+    refuses (an unreachable target epsilon, an accountant that does not admit the sampler) fails before Ray starts
+    on the Hydra front door (apps/main.py) and before the first message on ``flwr run``'s."""
+
+    config: AppConfig
+    output_dir: Path
+    started_unix: float
+    weight_names: list[str]
+    initial: list[np.ndarray]
+    checkpoint: Checkpoint | None
+    metrics: MetricsWriter
     run_file: RunFile
-    strategy = build_strategy(
-        config,
-        metrics=metrics,
-        checkpoint_dir=output_dir,
-        resume_from=checkpoint,
-        on_accounted=lambda s: run_file.update(status="running", **s.dp_guarantee()),
-    )
-    run_file = _new_run_file(output_dir, config, strategy, started_unix, initial, checkpoint)
-    try:
-        # Every "auto" setting (noise and sampling source, client statistics) before anything is written.
-        strategy.resolve_settings(is_simulation(grid))
-    except ConfigError as exc:
-        # A refused resume has accounted the releases logged after its checkpoint: run.json keeps stating them.
-        run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}", **strategy.dp_guarantee())
-        metrics.close()
-        raise
-    run_file.update(**strategy.dp_guarantee())
-    evaluate_fn = central_evaluate_fn(config)
-    try:
-        with watching_the_engine():  # a crashed simulation engine fails the run now (apps/engine_watch.py)
-            result = strategy.start(
-                grid,
-                ArrayRecord(initial),
-                num_rounds=config.num_rounds,
-                timeout=config.round_timeout,
-                evaluate_fn=evaluate_fn,
-            )
-    except BaseException as exc:
-        # The ε of everything released before the failure, not the start's.
-        run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}", **strategy.dp_guarantee())
-        raise
-    finally:
-        metrics.close()
-    final = result.arrays.to_numpy_ndarrays() if len(result.arrays) else initial
-    _save_model_atomic(output_dir / "final_model.npz", weight_names(model), final)
-    _finish_run_file(run_file, strategy, result)
-    return result
+    strategy: NamedStrategy
+
+    @classmethod
+    def prepare(cls, config: AppConfig, output_dir: Path, progress: bool | None = None) -> ServerRun:
+        """The run of the validated ``config`` writing into ``output_dir`` (``progress``: a progress bar, default
+        on a terminal), its strategy built with the metrics writer, the checkpoint and run.json it keeps true."""
+        started_unix = time.time()
+        # A no-op where the Hydra entry point did it already; early enough for the threads this run starts.
+        limit_malloc_arenas()
+        output_dir.mkdir(parents=True, exist_ok=True)
+        model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)
+        initial = get_weights(model)
+        checkpoint = load_checkpoint(output_dir) if config.resume else None
+        metrics = MetricsWriter(output_dir, config.num_rounds, progress=progress)
+        if checkpoint is not None:
+            metrics.truncate_after(checkpoint.round)
+        run_file = _new_run_file(output_dir, config, started_unix, initial, checkpoint)
+        strategy = build_strategy(
+            config,
+            metrics=metrics,
+            checkpoint_dir=output_dir,
+            resume_from=checkpoint,
+            on_accounted=lambda s: run_file.update(status="running", **s.dp_guarantee()),
+        )
+        run_file.meta["strategy"] = type(strategy).__name__
+        return cls(config, output_dir, started_unix, weight_names(model), initial, checkpoint, metrics, run_file,
+                   strategy)  # fmt: skip
+
+    def run(self, grid: Grid) -> Result:
+        """Run the rounds on ``grid``; write metrics, run metadata and the final model."""
+        strategy, run_file, metrics = self.strategy, self.run_file, self.metrics
+        # The server aggregates with NumPy while the workers train: its BLAS threads must not spin on their cores.
+        limit_library_threads(torch.get_num_threads())
+        log(INFO, "Run output directory: %s", self.output_dir)
+        try:
+            # Every "auto" setting (noise and sampling source, client statistics) before anything is written.
+            strategy.resolve_settings(is_simulation(grid))
+        except ConfigError as exc:
+            # A refused resume has accounted the releases logged after its checkpoint: run.json keeps stating them.
+            run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}", **strategy.dp_guarantee())
+            metrics.close()
+            raise
+        run_file.update(**strategy.dp_guarantee())
+        metrics.start()
+        try:
+            with watching_the_engine():  # a crashed simulation engine fails the run now (apps/engine_watch.py)
+                result = strategy.start(grid, ArrayRecord(self.initial), num_rounds=self.config.num_rounds,
+                                        timeout=self.config.round_timeout,
+                                        evaluate_fn=central_evaluate_fn(self.config))  # fmt: skip
+        except BaseException as exc:
+            # The ε of everything released before the failure, not the start's.
+            run_file.update(status="failed", error=f"{type(exc).__name__}: {exc}", **strategy.dp_guarantee())
+            raise
+        finally:
+            metrics.close()
+        final = result.arrays.to_numpy_ndarrays() if len(result.arrays) else self.initial
+        _save_model_atomic(self.output_dir / "final_model.npz", self.weight_names, final)
+        _finish_run_file(run_file, strategy, result)
+        return result
+
+
+def run_federated(grid: Grid, config: AppConfig, output_dir: Path, progress: bool | None = None) -> Result:
+    """Run one federated training with ``config`` on ``grid`` (:class:`ServerRun`, prepared and run)."""
+    return ServerRun.prepare(config, output_dir, progress=progress).run(grid)
 
 
 def _new_run_file(
     output_dir: Path,
     config: AppConfig,
-    strategy: FederatedStrategy,
     started_unix: float,
     initial: list[np.ndarray],
     checkpoint: Checkpoint | None,
 ) -> RunFile:
-    """run.json as the run starts: the config, the strategy, when and where, the model's size, the resume."""
+    """run.json as the run starts: the config, when and where, the model's size, the resume (the strategy's name
+    is added once it is built)."""
     run_file = RunFile(
         output_dir / "run.json",
         {
             "config": config.to_dict(),
-            "strategy": type(strategy).__name__,
             "status": "starting",
             "started": dt.datetime.now().isoformat(timespec="seconds"),
             # When the ServerApp began (seconds since the epoch; startup profiling in bench/).
@@ -146,7 +171,7 @@ def _new_run_file(
     return run_file
 
 
-def _finish_run_file(run_file: RunFile, strategy: FederatedStrategy, result: Result) -> None:
+def _finish_run_file(run_file: RunFile, strategy: NamedStrategy, result: Result) -> None:
     """run.json as the run ends: stopped (by the budget guard) or completed, the last evaluation, the audit's
     report and the guarantee of everything released."""
     evaluated = result.evaluate_metrics_serverapp
@@ -164,13 +189,13 @@ def _finish_run_file(run_file: RunFile, strategy: FederatedStrategy, result: Res
     log(INFO, "Final: %s; %s", final_metrics, run_file.meta["dp_guarantee"])
 
 
-def make_server_app(config: AppConfig, output_dir: Path, progress: bool | None = None) -> ServerApp:
-    """A ServerApp bound to an already validated config (the Hydra front door)."""
+def make_server_app(server_run: ServerRun) -> ServerApp:
+    """A ServerApp that runs an already prepared run (the Hydra front door)."""
     server_app = ServerApp()
 
     @server_app.main()
     def _main(grid: Grid, context: Context) -> None:
-        run_federated(grid, config, output_dir, progress=progress)
+        server_run.run(grid)
 
     return server_app
 

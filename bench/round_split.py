@@ -33,8 +33,8 @@ from typing import Any
 #: What the run loop calls, timed: (module, attribute path, key). Each call adds (start, seconds) under its key.
 TIMED = (
     ("strategies.base", "FederatedStrategy.plan_round", "plan"),
-    ("strategies.base", "FederatedStrategy.aggregate_taken", "aggregate"),
-    ("strategies.base", "FederatedStrategy.release", "digest"),
+    ("strategies.round_aggregator", "RoundAggregator.aggregate_taken", "aggregate"),
+    ("strategies.base", "FederatedStrategy._release", "digest"),
     ("strategies.client_dp.releasing", "RunReleases.record", "release_log"),
     ("strategies.aggregation", "RoundReplies.take", "take"),
 )

@@ -96,8 +96,17 @@ class MetricsWriter:
         output_dir.mkdir(parents=True, exist_ok=True)
         self._progress = None
         self._quieted: list[tuple[logging.Handler, int]] = []
-        show_bar = sys.stderr.isatty() if progress is None else progress
-        if show_bar:
+        self._show_bar = sys.stderr.isatty() if progress is None else progress
+        self._started = False
+
+    def start(self) -> None:
+        """Show the progress bar (on a terminal) and hold Flower's INFO console lines back, from now until
+        :meth:`close`: the run calls it once its rounds begin, so that whatever starts before them (Ray, the
+        engine) logs as usual. The first :meth:`write` starts it otherwise; later calls do nothing."""
+        if self._started:
+            return
+        self._started = True
+        if self._show_bar:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
@@ -106,7 +115,7 @@ class MetricsWriter:
                 TextColumn("{task.fields[status]}"),
                 TimeElapsedColumn(),
             )
-            self._task = self._progress.add_task("rounds", total=num_rounds, status="")
+            self._task = self._progress.add_task("rounds", total=self.num_rounds, status="")
             for handler in logging.getLogger("flwr").handlers:
                 if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
                     self._quieted.append((handler, handler.level))
@@ -130,6 +139,7 @@ class MetricsWriter:
             fh.write(json.dumps(_jsonable(dict(record))) + "\n")
 
     def write(self, record: Mapping[str, Any]) -> None:
+        self.start()
         line = json.dumps(_jsonable(dict(record)), sort_keys=False)
         with self.path.open("a") as fh:
             fh.write(line + "\n")

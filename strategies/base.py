@@ -33,7 +33,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from fl_app.checkpoint import Checkpoint
-from fl_app.config import AppConfig, ConfigError, compose_config, noise_stream_key, settings_overrides
+from fl_app.config import AppConfig, compose_config, noise_stream_key, settings_overrides
 from fl_app.empty_rounds import EmptyRoundWatch
 from fl_app.instructions import (
     LocalTrainingConfig,
@@ -57,10 +57,10 @@ from strategies.cohorts import plan_cohorts
 from strategies.declarations import StrategyDeclarations
 from strategies.flower_step import server_step
 from strategies.guarantee import Guarantee
-from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
+from strategies.noise import accounted_noise_multiplier
 from strategies.observers import RoundObserver
 from strategies.population import Population
-from strategies.round_steps import AggregationSteps
+from strategies.round_aggregator import RoundAggregator
 from strategies.rounds import RoundOutcome, RoundPlan, RunInstructions, train_messages
 from strategies.run_loop import RoundLoop
 from strategies.run_state import RunState
@@ -72,7 +72,7 @@ from strategies.statistics import ClientStatistics, released_line
 AccountedFn = Callable[["FederatedStrategy"], None]
 
 
-class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunState, RoundLoop, Strategy):
+class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, Strategy):
     """Sampling, validation, uniform aggregation, accounting, metrics: a plain algorithm, or (built with
     :class:`PrivateRounds`, as :class:`strategies.client_level_dp.ClientLevelDP` builds it) client-level DP rounds.
     What a subclass declares for the config and the registry: :class:`StrategyDeclarations`."""
@@ -135,7 +135,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         self.num_clients = config.dataset.num_clients
         #: m = qM, the fixed denominator of every round's average (strategies/client_dp/sampling.py).
         self.expected_clients = fixed_denominator(privacy.sampling, privacy.sample_rate, self.num_clients)
-        #: Who takes part in each round (strategies/client_dp/sampling.py): ``privacy.sampling``'s sampler.
+        #: Who takes part in each round: ``privacy.sampling``'s sampler (strategies/client_dp/sampling.py).
         self.sampler: ClientSampler = client_sampler(privacy, self.num_clients, self.expected_clients)
         self.noise_multiplier = privacy.noise_multiplier
         #: The last key word of the run's seeded noise streams (``privacy.noise_stream=per_run``; None: shared).
@@ -144,11 +144,8 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         self.statistics = ClientStatistics(
             privacy.client_statistics, privacy.statistics_noise_multiplier or self.expected_clients / 20
         )
-        if self.statistics.releases_noisy_count and not (self.privacy is not None and self.supports_noisy_statistics):
-            raise ConfigError(
-                "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
-                f"sampled-Gaussian accountant ({config.strategy.name} has none); use raw or none"
-            )
+        accounted = self.privacy is not None and self.supports_noisy_statistics  # by the sampled-Gaussian accountant
+        self.statistics.refuse_unaccounted_count(accounted, config.strategy.name)
         #: C_t, the clip norm of the coming round (client_dp/clipping.py): fixed, or adaptive clipping's.
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, may_adapt=self.privacy is not None)
         #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
@@ -161,8 +158,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
             accounted = accounted_noise_multiplier(self.noise_multiplier, self.clipping, self.statistics)
             self.budget = PrivacyBudget(ledger, self.mechanisms, noise_multiplier=accounted,
                                         sample_rate=privacy.sample_rate, max_epsilon=privacy.max_epsilon)  # fmt: skip
-        #: The released average over the fixed m with the server's clip and noise (client_dp/average.py); None: the
-        #: plain mean of what arrived (a plain algorithm; Noisy-FedAvg, whose clients noise their models).
+        #: The released average over m, clipped and noised (client_dp/average.py); None: the plain mean of what arrived.
         self.noisy_average: NoisyAverage | None = None
         if self.budget is not None and self.privacy is not None and self.privacy.server_average:
             # The draws of the run's randomness as resolved when the round runs (resolve_settings() replaces it).
@@ -269,11 +265,6 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
 
     # ----- sampling (docs/mechanisms.md, 1) -------------------------------------------------------------------
 
-    def calibrated_noise_multiplier(self) -> float:
-        """σ of the update (strategies/noise.py): ``privacy.noise_multiplier``, or calibrated to the target ε by the
-        sampled Gaussian accountant, less a noisy count's share."""
-        return update_noise_multiplier(self.config, self.statistics, self.clipping)
-
     def sample_clients(self, server_round: int, grid: Grid | None = None) -> np.ndarray:
         """Round ``server_round``'s clients, by the run's sampler (strategies/client_dp/sampling.py) from the clients
         available on ``grid`` (all of them without one). Secret when randomness is secure: amplification by
@@ -346,8 +337,15 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         plan = self.plan_round(server_round, arrays, config, grid)
         self.server_optimizer.begin_round(server_round, arrays, grid)
         takes_early = type(self).aggregate_train is FederatedStrategy.aggregate_train  # an override sees every reply
-        self.in_flight = RoundInFlight(plan, self.receiver(plan), takes_early)
+        self.in_flight = RoundInFlight(plan, self.aggregator.receiver(plan), takes_early)
         return plan.messages
+
+    @property
+    def aggregator(self) -> RoundAggregator:
+        """Steps 5-6 (strategies/round_aggregator.py) over the strategy's objects as they stand (resolved)."""
+        return RoundAggregator(self.num_clients, self.expected_clients, self.clipping, self.noisy_average,
+                               self.server_optimizer, self.randomness, self.statistics, self.sampler, self.auditor,
+                               states_clip_norm=self.budget is not None)  # fmt: skip
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -362,7 +360,9 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, AggregationSteps, RunSt
         if in_flight is None or in_flight.plan.server_round != server_round:
             raise RuntimeError(f"aggregate_train({server_round}) without configure_train of that round")
         in_flight.taken.take(replies)
-        outcome = self.aggregate_taken(in_flight.taken)
+        outcome = self.aggregator.aggregate_taken(in_flight.taken)
+        # The round's end changes the strategy (planning does not): the next round's previous global model.
+        self.last_round_global = in_flight.plan.global_weights
         self._release(in_flight, outcome)
         # After the release is logged and accounted: a run in which nobody trains fails, with its ε stated.
         taken = in_flight.taken

@@ -19,7 +19,7 @@ from fl_app.instructions import (
 from fl_app.privacy import adaptive_clipping as adaptive
 from fl_app.privacy.ledger import PrivacyLedger
 from strategies.client_dp.clipping import AdaptiveClipNorm, ClipNorm
-from strategies.noise import accounted_noise_multiplier
+from strategies.noise import accounted_noise_multiplier, update_noise_multiplier
 from strategies.settings import VIRTUAL_DEPLOYMENT_DISCLOSURE, RunSettings
 from strategies.statistics import ClientStatistics
 
@@ -38,6 +38,11 @@ class Guarantee:
     def secure_noise(self) -> bool:
         """Whether the server's and the clients' draws come from the OS CSPRNG (else seeded streams)."""
         return self.randomness.secure
+
+    def calibrated_noise_multiplier(self) -> float:
+        """σ of the update (strategies/noise.py): ``privacy.noise_multiplier``, or calibrated to the target ε by the
+        sampled Gaussian accountant, less a noisy count's share."""
+        return update_noise_multiplier(self.config, self.statistics, self.clipping)
 
     def make_ledger(self) -> PrivacyLedger:
         """The ledger that accounts this strategy's releases: the one its privacy makes (the subsampled Gaussian
@@ -93,6 +98,11 @@ class Guarantee:
     def clip_norm(self) -> float:
         """C_t, the clip norm of the coming round."""
         return self.clipping.clip_norm
+
+    @property
+    def client_clip_norm(self) -> float:
+        """C the client clips its update to (0 = no update clipping)."""
+        return 0.0 if self.budget is None else self.clip_norm
 
     @property
     def adaptive_clipping(self) -> bool:

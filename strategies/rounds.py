@@ -73,7 +73,7 @@ class RoundPlan:
     mask: list[np.ndarray] | None = None
     #: True when each message carries a cohort of clients and is answered with their sum.
     cohort_mode: bool = False
-    #: The server's noise source for the round when it is drawn ahead (:meth:`FederatedStrategy.draw_noise_ahead`,
+    #: The server's noise source for the round when it is drawn ahead (:meth:`RoundAggregator.draw_noise_ahead`,
     #: fl_app/privacy/prefetch.py); None: drawn when the average is.
     server_noise: NormalSource | None = None
     #: Partitions whose answer is still expected (those the messages carry); binding a reply removes its partitions.

@@ -228,7 +228,7 @@ class _EarlyReplies:
     def arrived(self, replies: list[Message], still_pending: int) -> None:
         if self.in_flight is None:
             return
-        self.strategy.draw_noise_ahead(self.in_flight.plan)
+        self.strategy.aggregator.draw_noise_ahead(self.in_flight.plan)
         if still_pending and self.take:
             self.in_flight.taken.take(replies)
             self.count += len(replies)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from flwr.common.logger import log
 
+from fl_app.audit.canaries import AuditResult, CanaryAudit
 from fl_app.checkpoint import Checkpoint
 from fl_app.config import ConfigError
 from fl_app.releases import randomness_name
@@ -57,6 +58,16 @@ class RunState:
                 "releases, which the accounting does not cover. Resume where the run was checkpointed (the same "
                 "privacy.secure_noise resolved the same way), or start a new run"
             )
+
+    @property
+    def canaries(self) -> CanaryAudit | None:
+        """The run's canary clients (None without ``audit``, or before start())."""
+        return None if self.auditor is None else self.auditor.canaries
+
+    @property
+    def audit_result(self) -> AuditResult | None:
+        """The latest evaluation of the audit."""
+        return None if self.auditor is None else self.auditor.result
 
     def evaluate_audit(self, server_round: int) -> dict[str, Any]:
         """Score the canaries after ``server_round`` against the ledger (strategies/auditing.py)."""

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fl_app.config import ConfigError
 from fl_app.instructions import CLIENT_TIMESTAMPS
 from fl_app.metrics import CLIENT_COUNTS
 from fl_app.privacy import mechanisms as mech
@@ -68,6 +69,15 @@ class ClientStatistics:
             return ("none: no client-derived value and no count of clients is published (the counts are in the "
                     "operator's operator_counts.jsonl, outside epsilon)")  # fmt: skip
         return "auto: raw in simulation, none against a real SuperLink"
+
+    def refuse_unaccounted_count(self, accounted: bool, strategy: str) -> None:
+        """Refuse a noisy count for a strategy whose releases the sampled-Gaussian accountant does not account
+        (``accounted`` False): nothing would account the count's noise with the update's."""
+        if self.releases_noisy_count and not accounted:
+            raise ConfigError(
+                "invalid config value privacy.client_statistics=noisy: allowed only for strategies accounted by the "
+                f"sampled-Gaussian accountant ({strategy} has none); use raw or none"
+            )
 
     def published(
         self,

@@ -17,6 +17,7 @@ from fl_app.instructions import CohortReply
 from fl_app.metrics import read_metrics
 from fl_app.node_queries import answer_query
 from fl_app.privacy.mechanisms import global_l2_norm
+from strategies.aggregation import RoundInFlight
 from strategies.base import FederatedStrategy
 from strategies.registry import build_strategy
 from strategies.rounds import RoundPlan
@@ -87,6 +88,15 @@ def prime(
         sent=[(train_message(pid), [pid]) for pid in partitions],
         mask=strategy.round_mask(server_round, weights, []),
     )
+
+
+def end_round(strategy, plan: RoundPlan, replies: list[Message] | None = None) -> None:
+    """Flower's aggregate_train for ``plan``'s round (planned with ``plan_round``, not configure_train), with
+    ``replies`` (none by default): the round's end, which is what changes the strategy (the previous global model).
+    ``strategy`` is a strategy or a client-level DP layer (the round is in flight in the private rounds it runs)."""
+    rounds = getattr(strategy, "strategy", strategy)
+    rounds.in_flight = RoundInFlight(plan, rounds.aggregator.receiver(plan), takes_early=True)
+    strategy.aggregate_train(plan.server_round, [] if replies is None else replies)
 
 
 def push(messages: list[Message], prefix: str = "p") -> list[Message]:

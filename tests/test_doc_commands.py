@@ -108,6 +108,7 @@ EXCERPT_SOURCES = {
     "DoubleCounting": "tests/privacy/test_ledger.py",
     "Halve": "tests/privacy/test_pipeline.py",
     "HalvedFedAvg": "tests/privacy/test_pipeline.py",
+    "train": "tests/integration/mechanism_app/halved_app.py",
 }
 
 
@@ -124,12 +125,25 @@ def _classes(source: str) -> dict[str, ast.ClassDef]:
     return {node.name: node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ClassDef)}
 
 
+def _functions(source: str) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for node in ast.parse(source).body if isinstance(node, ast.FunctionDef)}
+
+
+def _code(function: ast.FunctionDef) -> list[str]:
+    """A function's decorators and statements, its docstring left out."""
+    body = function.body[1:] if ast.get_docstring(function) is not None else function.body
+    return [ast.unparse(node) for node in [*function.decorator_list, *body]]
+
+
 def test_class_excerpts_of_architecture_match_the_files_they_come_from() -> None:
     for block in python_blocks(ROOT / "docs/architecture.md", ROOT):
         if "ServerApp()" in block.text:
             continue  # a program: tests/integration/test_readme_commands.py runs it
-        shown = _classes(block.text)
-        assert shown, f"{block.path}:{block.line}: neither a class excerpt nor a ServerApp program"
+        shown, functions = _classes(block.text), _functions(block.text)
+        assert shown or functions, f"{block.path}:{block.line}: neither an excerpt nor a ServerApp program"
+        for name, function in functions.items():  # a function excerpt is the function, decorators and statements
+            assert name in EXCERPT_SOURCES, f"{block.path}:{block.line}: say where {name} is (EXCERPT_SOURCES)"
+            assert _code(function) == _code(_functions((ROOT / EXCERPT_SOURCES[name]).read_text())[name]), name
         for name, cls in shown.items():
             assert name in EXCERPT_SOURCES, f"{block.path}:{block.line}: say where {name} is (EXCERPT_SOURCES)"
             real = _classes((ROOT / EXCERPT_SOURCES[name]).read_text())[name]

@@ -267,3 +267,31 @@ def test_a_run_in_which_no_client_trains_fails_with_its_cause_and_its_epsilon(tm
     assert meta["rounds_released"] == 2
     assert meta["epsilon"] == pytest.approx(compute_epsilon(SIGMA, Q, 2, 1 / M))
     assert not (tmp_path / "final_model.npz").exists()
+
+
+def test_the_hydra_door_builds_the_strategy_once_before_any_grid(tmp_path: Path, monkeypatch) -> None:
+    """apps/main.py's preflight prepares the run (the strategy built, so a config it refuses fails before Ray
+    starts) and the ServerApp runs that same run: one strategy, one resolve of its settings."""
+    import apps.server_app
+    from apps.main import preflight
+
+    built = []
+    build = apps.server_app.build_strategy
+    monkeypatch.setattr(apps.server_app, "build_strategy", lambda *a, **k: built.append(build(*a, **k)) or built[-1])
+    server_run = preflight(compose_config(RUN), tmp_path)
+    assert not (tmp_path / "run.json").exists()  # nothing is claimed before the run meets its grid
+    result = server_run.run(WatchingGrid(tmp_path))
+    assert len(built) == 1 and built[0] is server_run.strategy and built[0].rounds_completed == 3
+    assert json.loads((tmp_path / "run.json").read_text())["strategy"] == "DPFedAvg"
+    assert len(result.arrays)
+
+
+def test_a_noise_multiplier_the_count_leaves_nothing_of_is_refused_when_the_run_is_prepared(tmp_path: Path) -> None:
+    """What only the strategy's construction finds (here adaptive clipping's count taking all of σ) is found when the
+    run is prepared: on the Hydra door, before Ray starts (exit 2)."""
+    from apps.server_app import ServerRun
+
+    config = compose_config([*RUN, "privacy.clipping=adaptive", "privacy.clipped_count_stddev=0.1"])
+    with pytest.raises(ConfigError, match=r"privacy\.clipped_count_stddev=0\.1"):
+        ServerRun.prepare(config, tmp_path, progress=False)
+    assert not (tmp_path / "run.json").exists()

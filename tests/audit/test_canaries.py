@@ -178,7 +178,7 @@ def test_a_canary_takes_the_client_mechanism_path_of_its_strategy(strategy: str,
               "audit.canaries=40", "audit.canary_scale=10", *extra)  # fmt: skip
     s.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
     plan = s.plan_round(2, ArrayRecord(zeros(SHAPES)), ConfigRecord())
-    updates = s.canary_updates(plan)
+    updates = s.aggregator.canary_updates(plan)
     assert updates
     for index, update in updates:
         assert mech.global_l2_norm(update) <= C  # canary_scale = 10: the clip cut it from 10C to C

@@ -359,7 +359,7 @@ def test_a_client_that_raises_is_an_error_reply_counted_as_failed() -> None:
     failed = [r for r in replies if r.has_error()]
     assert len(failed) == 1 and "failed" in failed[0].error.reason
     # Only the faulty client failed: the round counts it as failed (the other trained for real: one local step).
-    outcome = strategy.aggregate(plan, replies)
+    outcome = strategy.aggregator.aggregate(plan, replies)
     assert outcome.stats["failed"] == 1 and outcome.stats["aggregated"] == len(pids) - 1
 
 
@@ -396,10 +396,10 @@ def test_the_numpy_client_trains_what_our_client_app_trains(overrides: tuple[str
         assert flower.num_examples == int(mine.content["metrics"]["num_examples"])
 
     # What the server makes of them.
-    outcome_ours = strategy.aggregate(plan, ours)
+    outcome_ours = strategy.aggregator.aggregate(plan, ours)
     plan = _plan(strategy, initial)
     _push_ids(plan)
-    outcome_theirs = strategy.aggregate(plan, theirs)
+    outcome_theirs = strategy.aggregator.aggregate(plan, theirs)
     assert outcome_ours.stats["aggregated"] == 2
     if strategy.placement.clients_add_noise:
         # Flower's convention cannot say that the client added its noise: refused, counted.

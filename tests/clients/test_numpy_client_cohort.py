@@ -81,7 +81,7 @@ def test_a_cohort_message_calls_the_client_once_per_partition_and_answers_each_m
         assert flower.num_examples == 10 + pid and flower.metrics == {"train_loss": pytest.approx(0.1 * pid)}
         expected = _partition_update(initial, pid)
         assert all(np.array_equal(t, e) for t, e in zip(flower.trained, expected, strict=True))
-    outcome = strategy.aggregate(plan, [answer])
+    outcome = strategy.aggregator.aggregate(plan, [answer])
     assert outcome.stats["aggregated"] == 2 and outcome.stats["failed"] == 1
 
 
@@ -94,7 +94,7 @@ def test_a_cohort_of_numpy_clients_aggregates_bit_for_bit_as_one_message_per_par
         strategy = build("strategy=dp_fedsam", *COHORT_OF_3, f"simulation.cohort_size={cohort_size}")
         plan = _plan(strategy, initial)
         replies = InProcessGrid(nodes=2, app=_partition_app()).send_and_receive(plan.messages)
-        outcomes.append(strategy.aggregate(plan, replies))
+        outcomes.append(strategy.aggregator.aggregate(plan, replies))
         sent.append(sorted(pid for _, ids in plan.sent for pid in ids))
     (cohort, single), pids = outcomes, sent[0]
     assert sent[1] == pids and len(pids) == 3

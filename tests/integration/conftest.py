@@ -99,6 +99,27 @@ def kill_after_a_round_then_resume(tmp: Path, overrides: list[str], rounds: int)
     return out, checkpointed
 
 
+@pytest.fixture(scope="session")
+def shared_superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str], Path]]:
+    """One ``flower-superlink --simulation`` for the tests that only ``flwr run`` an app on it (each ``flwr run`` is
+    a run of its own, with its own Ray): (connection, env, a directory for the runs' outputs)."""
+    tmp = tmp_path_factory.mktemp("shared_superlink")
+    with simulation_superlink(tmp) as (connection, env):
+        yield connection, env, tmp
+
+
+def flwr_run_app(
+    superlink: tuple[str, dict[str, str], Path], app: Path, run_config: str, federation_config: str
+) -> subprocess.CompletedProcess[str]:
+    """``flwr run <app> --run-config <run_config> --stream`` on ``superlink`` (:func:`shared_superlink`)."""
+    connection, env, _ = superlink
+    return subprocess.run(
+        ["flwr", "run", str(app), connection, "--federation-config", federation_config, "--run-config", run_config,
+         "--stream"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=500,
+    )  # fmt: skip
+
+
 def flwr_run_simulation(
     tmp: Path, run_config: str, num_supernodes: int = 2, resources: str = "client-resources-num-cpus=1"
 ) -> subprocess.CompletedProcess[str]:

@@ -40,8 +40,9 @@ import sys
 from pathlib import Path
 import strategies  # registers the strategy names a config is validated by
 from apps.main import run
+from apps.server_app import ServerRun
 from fl_app.config import compose_config
-run(compose_config(sys.argv[2:]), Path(sys.argv[1]), progress=False)
+run(ServerRun.prepare(compose_config(sys.argv[2:]), Path(sys.argv[1]), progress=False))
 """
 
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.processes import ROOT, simulation_superlink
+from bench.processes import ROOT
 from fl_app.metrics import read_metrics
+from tests.integration.conftest import flwr_run_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -31,23 +30,11 @@ APP = ROOT / "tests" / "integration" / "numpy_app"
 ROUNDS = 2
 
 
-@pytest.fixture(scope="module")
-def superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str], Path]]:
-    """One simulation SuperLink for this module's runs (each ``flwr run`` is a run of its own)."""
-    tmp = tmp_path_factory.mktemp("numpy_app")
-    with simulation_superlink(tmp) as (connection, env):
-        yield connection, env, tmp
-
-
 def _flwr_run(superlink: tuple[str, dict[str, str], Path], server: str) -> tuple[Path, str]:
     """The run's output directory and what ``flwr run --stream`` printed."""
-    connection, env, tmp = superlink
-    out = tmp / server
-    proc = subprocess.run(
-        ["flwr", "run", str(APP), connection, "--federation-config", "num-supernodes=2 client-resources-num-cpus=1",
-         "--run-config", f"server='{server}' out='{out}'", "--stream"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=500,
-    )  # fmt: skip
+    out = superlink[2] / server
+    resources = "num-supernodes=2 client-resources-num-cpus=1"
+    proc = flwr_run_app(superlink, APP, f"server='{server}' out='{out}'", resources)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, proc.stdout[-5000:] + proc.stderr[-3000:]
 
@@ -56,8 +43,8 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_a_users_numpy_client_and_ours_under_dp_fedsam(superlink: tuple[str, dict[str, str], Path]) -> None:
-    out, printed = _flwr_run(superlink, "dp_fedsam")
+def test_a_users_numpy_client_and_ours_under_dp_fedsam(shared_superlink: tuple[str, dict[str, str], Path]) -> None:
+    out, printed = _flwr_run(shared_superlink, "dp_fedsam")
     run = json.loads((out / "run.json").read_text())
     assert run["status"] == "completed" and run["rounds_completed"] == ROUNDS, printed
     records = read_metrics(out / "metrics.jsonl")
@@ -77,9 +64,9 @@ def test_a_users_numpy_client_and_ours_under_dp_fedsam(superlink: tuple[str, dic
 
 
 def test_a_users_numpy_client_and_ours_under_client_level_dp_fedadam(
-    superlink: tuple[str, dict[str, str], Path],
+    shared_superlink: tuple[str, dict[str, str], Path],
 ) -> None:
-    out, printed = _flwr_run(superlink, "client_level_dp_fedadam")
+    out, printed = _flwr_run(shared_superlink, "client_level_dp_fedadam")
     result = json.loads((out / "result.json").read_text())
     assert [(c["sampled"], c["accepted"]) for c in result["counts"]] == [(2, 2)] * ROUNDS, printed
     assert all(sum(c["rejected"].values()) == 0 for c in result["counts"])

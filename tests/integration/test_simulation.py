@@ -198,3 +198,13 @@ def test_missing_dataset_fails_before_ray_with_how_to_get_it(short_tmp: Path) ->
     assert proc.returncode == 2
     assert "download" in proc.stderr and str(short_tmp / "nodata") in proc.stderr
     assert "ActorPool" not in proc.stdout + proc.stderr
+
+
+def test_a_config_the_strategy_refuses_fails_before_ray_with_the_setting(short_tmp: Path) -> None:
+    """The strategy is built once, before Ray starts (apps/main.py's preflight): what only its construction finds
+    is an exit 2 naming the setting, with no run.json."""
+    proc = run_hydra(short_tmp, ["privacy.clipping=adaptive", "privacy.clipped_count_stddev=0.1"])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: invalid config value privacy.clipped_count_stddev=0.1" in proc.stderr
+    assert "ActorPool" not in proc.stdout + proc.stderr and "Ray" not in proc.stdout + proc.stderr
+    assert not (short_tmp / "out" / "run.json").exists()

@@ -28,7 +28,7 @@ DP_STRATEGIES = (
 def _round(strategy, norms, server_round=1):
     plan = prime(strategy, zeros(SHAPES), sampled=len(norms), server_round=server_round)
     replies = [reply(i, with_norm(SHAPES, n, seed=i)) for i, n in enumerate(norms)]
-    return strategy.aggregate(plan, replies)
+    return strategy.aggregator.aggregate(plan, replies)
 
 
 # ----- config ----------------------------------------------------------------------------------------------------
@@ -104,11 +104,11 @@ def test_server_noise_uses_the_c_the_updates_were_clipped_at():
     strategy = build(*ADAPTIVE)
     sigma_update = strategy.noise_multiplier
     plan = prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=1)
-    strategy.aggregate(plan, [reply(i, with_norm(shapes, 3.0, seed=i)) for i in range(10)])
+    strategy.aggregator.aggregate(plan, [reply(i, with_norm(shapes, 3.0, seed=i)) for i in range(10)])
     c_t = strategy.clip_norm
     assert c_t != 0.2
     plan = prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=2)
-    outcome = strategy.aggregate(plan, [reply(i, zeros(shapes), pre_clip_norm=0.0) for i in range(10)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(i, zeros(shapes), pre_clip_norm=0.0) for i in range(10)])
     assert strategy.clip_norm != c_t
     assert outcome.new_weights[0].std() == pytest.approx(sigma_update * c_t / 10, rel=0.01)  # 200k draws: ~0.2%
 
@@ -129,7 +129,7 @@ def test_a_clients_reported_norm_sets_only_its_own_bit():
     plan = prime(strategy, zeros(SHAPES), sampled=3)
     honest = [reply(i, with_norm(SHAPES, 0.1, seed=i)) for i in range(2)]
     liar = reply(2, with_norm(SHAPES, 0.1, seed=2), pre_clip_norm=1e30)
-    stats = strategy.aggregate(plan, [*honest, liar]).stats
+    stats = strategy.aggregator.aggregate(plan, [*honest, liar]).stats
     assert stats["fraction_clipped_noisy"] == pytest.approx((-0.5 - 0.5 + 0.5) / 10 + 0.5, abs=1e-9)
 
 
@@ -191,7 +191,7 @@ def test_canaries_are_scaled_to_the_rounds_c():
     strategy.start(grid, ArrayRecord(zeros(SHAPES)), num_rounds=2)
     c2 = strategy.clip_norm
     assert c2 < 0.2
-    canaries = strategy.canary_updates(strategy.plan_round(3, ArrayRecord(zeros(SHAPES)), ConfigRecord()))
+    canaries = strategy.aggregator.canary_updates(strategy.plan_round(3, ArrayRecord(zeros(SHAPES)), ConfigRecord()))
     assert canaries
     for _, update in canaries:
         assert mech.global_l2_norm(update) == pytest.approx(c2, rel=1e-5)

@@ -34,6 +34,7 @@ from tests.helpers import (
     FakeGrid,
     build,
     delta,
+    end_round,
     flat,
     partition_of,
     prime,
@@ -152,7 +153,7 @@ def test_fed_smp_randk_server_noise_only_on_the_mask_with_std_sigma_c_over_m():
     old = zeros(LARGE_SHAPES)
     plan = prime(strategy, old, sampled=4, server_round=1)
     mask = plan.mask
-    outcome = strategy.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(4)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(4)])
     step = delta(outcome.new_weights, old)
     assert_masks_equal([s != 0 for s in step], mask)
     kept = flat(step)[flat(mask).astype(bool)]
@@ -168,7 +169,7 @@ def test_fed_smp_randk_server_drops_what_a_client_sends_outside_the_mask():
     mask = plan.mask
     dense = with_norm(SHAPES, 0.1, seed=3)  # below C: no clipping, so the kept values are exact
     outside = [np.where(m, 0.0, u).astype(np.float32) for u, m in zip(with_norm(SHAPES, 0.1, 4), mask, strict=True)]
-    outcome = strategy.aggregate(plan, [reply(0, dense), reply(1, outside)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(0, dense), reply(1, outside)])
     expected = [np.where(m, u.astype(np.float64), 0.0) / M for u, m in zip(dense, mask, strict=True)]
     for got, want in zip(delta(outcome.new_weights, old), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
@@ -179,7 +180,7 @@ def test_fed_smp_randk_server_drops_what_a_client_sends_outside_the_mask():
     poisoned = [(a + b).astype(np.float32) for a, b in zip(inside, junk, strict=True)]
     assert global_l2_norm(poisoned) > 100 * C
     plan = prime(strategy, old, sampled=1, server_round=1)
-    outcome = strategy.aggregate(plan, [reply(0, poisoned)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(0, poisoned)])
     assert outcome.stats["reclipped"] == 0
     for got, want in zip(delta(outcome.new_weights, old), inside, strict=True):
         np.testing.assert_allclose(got, want / M, rtol=1e-5, atol=1e-7)
@@ -199,7 +200,7 @@ def test_fed_smp_randk_round_trip_through_client_recipe():
         mask = [m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()]
         sent, norm = privatize_update(with_norm(SHAPES, 1.0, seed=pid), ins, pid, mask)
         replies.append(reply(pid, sent, pre_clip_norm=norm, to=msg))
-    outcome = strategy.aggregate(plan, replies)
+    outcome = strategy.aggregator.aggregate(plan, replies)
     assert outcome.stats["aggregated"] == len(messages) == 10
     assert_masks_equal([s != 0 for s in delta(outcome.new_weights, old)], plan.mask)
     # The pre-clip norms are those of the rescaled sparse updates, ‖(Δ ⊙ mask)/p‖ ≈ √p · ‖Δ‖ / p.
@@ -227,7 +228,7 @@ def test_fed_smp_topk_local_noise_on_the_union_of_the_client_supports():
     assert plan.mask is None
     a = [np.where(topk_positions(u), u, 0).astype(np.float32) for u in with_norm(SHAPES, 0.1, seed=1)]
     b = [np.where(topk_positions(u), u, 0).astype(np.float32) for u in with_norm(SHAPES, 0.1, seed=2)]
-    outcome = strategy.aggregate(plan, [reply(0, a), reply(1, b)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(0, a), reply(1, b)])
     union = [(x != 0) | (y != 0) for x, y in zip(a, b, strict=True)]
     assert any(not u.all() for u in union)
     assert_masks_equal([s != 0 for s in delta(outcome.new_weights, old)], union)
@@ -249,8 +250,9 @@ def test_fed_smp_topk_global_is_covered_and_masks_with_last_rounds_global_update
         assert_masks_equal(mask, first[0])
     assert not all(np.array_equal(m, topk_positions(w)) for m, w in zip(first[0], w1, strict=True))
 
-    # Round 1 ends (planning alone records nothing on the strategy: the round's end makes w_1 the previous global).
-    strategy.aggregate(first_plan, [])
+    # Round 1 ends (planning alone records nothing on the strategy: the round's end, aggregate_train, makes w_1 the
+    # previous global).
+    end_round(strategy, first_plan)
     # Round 2: the per-layer top-k of |w_2 − w_1|, the same for every client.
     w2 = [w + u for w, u in zip(w1, random_update(SHAPES, 0.01, seed=1), strict=True)]
     second_plan = configure(strategy, 2, w2)
@@ -279,7 +281,7 @@ def test_dp_fedsam_topk_server_placement_keeps_the_top_k_of_the_noised_average()
     old = zeros(SHAPES)
     updates = {pid: with_norm(SHAPES, 0.15, seed=pid) for pid in (2, 5, 9)}  # below C: not re-clipped
     plan = prime(strategy, old, sampled=3, server_round=1)
-    outcome = strategy.aggregate(plan, [reply(pid, u) for pid, u in updates.items()])
+    outcome = strategy.aggregator.aggregate(plan, [reply(pid, u) for pid, u in updates.items()])
     step = delta(outcome.new_weights, old)
     assert [int(np.count_nonzero(s)) for s in step] == K_EXPECTED
 
@@ -336,7 +338,7 @@ def test_dp_fedavg_blurs_recipe_is_lus_with_blur_and_server_noise_is_dense():
     old = zeros(LARGE_SHAPES)
     plan = prime(strategy, old, sampled=3, server_round=1)
     assert plan.mask is None
-    outcome = strategy.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(3)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(3)])
     noise = flat(delta(outcome.new_weights, old))
     assert np.count_nonzero(noise) == noise.size
     assert noise.std() == pytest.approx(SERVER_STD, rel=0.02)
@@ -383,14 +385,14 @@ def test_noisy_fedavg_plain_mean_without_clipping_or_noise():
     huge = with_norm(SHAPES, 1e3, seed=1)
     small = with_norm(SHAPES, 0.1, seed=2)
     plan = prime(strategy, old, sampled=5)  # 5 sampled, 2 arrive: the mean is over the 2
-    outcome = strategy.aggregate(plan, [reply(1, huge), reply(2, small)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(1, huge), reply(2, small)])
     expected = [(h.astype(np.float64) + s) / 2 for h, s in zip(huge, small, strict=True)]
     for got, want in zip(delta(outcome.new_weights, old), expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert outcome.stats["reclipped"] == 0
     # No server noise: zero updates leave the model unchanged.
     plan = prime(strategy, old, sampled=3)
-    outcome = strategy.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(3)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(3)])
     for new, before in zip(outcome.new_weights, old, strict=True):
         np.testing.assert_array_equal(new, before)
 

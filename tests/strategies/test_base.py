@@ -32,6 +32,7 @@ from tests.helpers import (
     FakeGrid,
     build,
     delta,
+    end_round,
     error_reply,
     flat,
     partition_of,
@@ -72,7 +73,7 @@ def test_server_placement_sums_over_fixed_denominator_and_reclips():
     small_b = with_norm(SMALL_SHAPES, 0.15, seed=2)
     huge = with_norm(SMALL_SHAPES, 1e3, seed=3)
     plan = prime(strategy, old, sampled=3)  # Poisson drew 3 clients: the denominator is still m = qM = 10, not 3
-    outcome = strategy.aggregate(plan, [reply(3, small_a), reply(7, small_b), reply(11, huge)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(3, small_a), reply(7, small_b), reply(11, huge)])
 
     huge_clipped = [h.astype(np.float64) * (C / 1e3) for h in huge]
     expected = [(a + b + h) / m for a, b, h in zip(small_a, small_b, huge_clipped, strict=True)]
@@ -89,7 +90,9 @@ def test_server_reclips_a_huge_update_to_c_over_m():
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     huge = with_norm(SMALL_SHAPES, 1e3, seed=4)
     plan = prime(strategy, old, sampled=1)
-    outcome = strategy.aggregate(plan, [reply(5, huge, pre_clip_norm=0.1)])  # a client that lies about its norm
+    outcome = strategy.aggregator.aggregate(
+        plan, [reply(5, huge, pre_clip_norm=0.1)]
+    )  # a client that lies about its norm
     step = flat(delta(outcome.new_weights, old))
     assert np.linalg.norm(step) <= 0.2 / 10 * (1 + 1e-5)
     assert np.linalg.norm(step) == pytest.approx(0.2 / 10, rel=1e-4)
@@ -104,7 +107,7 @@ def test_update_below_c_is_not_reclipped():
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     small = with_norm(SMALL_SHAPES, 0.19, seed=5)
     plan = prime(strategy, old, sampled=1)
-    outcome = strategy.aggregate(plan, [reply(2, small)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(2, small)])
     assert outcome.stats["reclipped"] == 0
     assert outcome.stats["fraction_clipped"] == 0.0
     assert_update_equal(delta(outcome.new_weights, old), [s.astype(np.float64) / 10 for s in small])
@@ -115,7 +118,7 @@ def test_server_learning_rate_scales_the_average():
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     small = with_norm(SMALL_SHAPES, 0.1, seed=6)
     plan = prime(strategy, old, sampled=1)
-    outcome = strategy.aggregate(plan, [reply(2, small)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(2, small)])
     assert_update_equal(delta(outcome.new_weights, old), [0.5 * s.astype(np.float64) / 10 for s in small])
 
 
@@ -141,7 +144,7 @@ def test_rejected_and_failed_replies_are_counted_and_excluded():
         error_reply(5),
     ]
     plan = prime(strategy, old, sampled=8)  # two of the eight sampled clients never answer
-    outcome = strategy.aggregate(plan, replies)
+    outcome = strategy.aggregator.aggregate(plan, replies)
     stats = outcome.stats
     assert stats["received"] == 6
     assert stats["aggregated"] == 1
@@ -160,7 +163,9 @@ def test_rejections_with_noise_keep_the_model_finite():
     nan_update = with_norm(SMALL_SHAPES, 0.1, seed=8)
     nan_update[0][0] = np.nan
     plan = prime(strategy, old, sampled=3)
-    outcome = strategy.aggregate(plan, [reply(0, nan_update), error_reply(1), reply(2, with_norm(SMALL_SHAPES, 1, 3))])
+    outcome = strategy.aggregator.aggregate(
+        plan, [reply(0, nan_update), error_reply(1), reply(2, with_norm(SMALL_SHAPES, 1, 3))]
+    )
     assert outcome.stats["rejected_nonfinite"] == 1
     assert outcome.stats["failed"] == 1
     assert outcome.stats["aggregated"] == 1
@@ -171,7 +176,7 @@ def test_round_with_no_usable_reply_completes():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.noise_multiplier=0")
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     plan = prime(strategy, old, sampled=4)
-    outcome = strategy.aggregate(plan, [error_reply(0), reply(1, [np.zeros(5, np.float32)])])
+    outcome = strategy.aggregator.aggregate(plan, [error_reply(0), reply(1, [np.zeros(5, np.float32)])])
     assert outcome.stats["aggregated"] == 0
     assert outcome.stats["failed"] == 1 + 2
     assert outcome.stats["rejected_shape"] == 1
@@ -205,7 +210,7 @@ def test_malformed_reply_is_rejected_not_fatal(case):
         RecordDict({"arrays": ArrayRecord(update), "metrics": MetricRecord(metrics)}), reply_to=train_message(1)
     )
     plan = prime(strategy, old, sampled=2, partitions=range(2))
-    outcome = strategy.aggregate(plan, [reply(0, good), bad])
+    outcome = strategy.aggregator.aggregate(plan, [reply(0, good), bad])
     assert outcome.stats["aggregated"] == 1
     assert outcome.stats["rejected_malformed"] + outcome.stats["rejected_shape"] == 1
     assert_update_equal(delta(outcome.new_weights, old), [g.astype(np.float64) / 10 for g in good])
@@ -220,7 +225,7 @@ def test_server_noise_std_is_sigma_c_over_m():
     assert strategy.config.privacy.placement == "server"
     old = random_update(LARGE_SHAPES, 1.0, seed=0)
     plan = prime(strategy, old, sampled=5)
-    outcome = strategy.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(5)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(pid, zeros(LARGE_SHAPES)) for pid in range(5)])
     noise = flat(delta(outcome.new_weights, old))
     assert noise.size >= 100_000
     assert abs(noise.mean()) < 0.02 * sigma * C / m
@@ -267,7 +272,7 @@ def test_client_placement_aggregate_noise_is_sigma_c_over_m(missing):
     replies = _client_placement_replies(strategy, 1, sampled[: m - missing])
     old = random_update(LARGE_SHAPES, 1.0, seed=0)
     plan = prime(strategy, old, sampled=m)
-    outcome = strategy.aggregate(plan, replies)
+    outcome = strategy.aggregator.aggregate(plan, replies)
     assert outcome.stats["aggregated"] == m - missing
     assert outcome.stats["failed"] == missing
     noise = flat(delta(outcome.new_weights, old))
@@ -320,12 +325,12 @@ def test_aggregation_is_independent_of_reply_order():
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     replies = [reply(pid, random_update(SMALL_SHAPES, 0.01 * (pid + 1), seed=pid)) for pid in (4, 9, 13, 21, 30)]
     plan = prime(strategy, old, sampled=5, server_round=2)
-    reference = strategy.aggregate(plan, replies).new_weights
+    reference = strategy.aggregator.aggregate(plan, replies).new_weights
     rng = np.random.default_rng(0)
     for _ in range(3):
         shuffled = [replies[i] for i in rng.permutation(len(replies))]
         plan = prime(strategy, old, sampled=5, server_round=2)
-        again = strategy.aggregate(plan, shuffled).new_weights
+        again = strategy.aggregator.aggregate(plan, shuffled).new_weights
         for a, b in zip(reference, again, strict=True):
             assert a.tobytes() == b.tobytes()
 
@@ -352,7 +357,7 @@ def test_replies_are_summed_in_partition_order(overrides):
     replies = {pid: reply(pid, update(v)) for pid, v in values.items()}
     for order in itertools.permutations(values):
         plan = prime(strategy, zeros(SMALL_SHAPES), sampled=3)
-        outcome = strategy.aggregate(plan, [replies[pid] for pid in order])
+        outcome = strategy.aggregator.aggregate(plan, [replies[pid] for pid in order])
         assert outcome.new_weights[0][0] == 0.0, order
 
 
@@ -360,7 +365,7 @@ def test_same_seed_gives_identical_noise_and_other_seeds_or_rounds_do_not():
     def noisy(seed: int, server_round: int) -> np.ndarray:
         strategy = build("strategy=dp_fedavg", *SMALL_POP, f"seed={seed}")
         plan = prime(strategy, zeros(SMALL_SHAPES), sampled=1, server_round=server_round)
-        return flat(strategy.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
+        return flat(strategy.aggregator.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
 
     first = noisy(0, 1)
     assert np.array_equal(first, noisy(0, 1))
@@ -395,8 +400,8 @@ def test_secure_noise_is_not_reproducible():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=true")
     assert strategy.noise_source == "os-csprng"
     plan = prime(strategy, zeros(SMALL_SHAPES), sampled=1)
-    a = flat(strategy.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
-    b = flat(strategy.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
+    a = flat(strategy.aggregator.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
+    b = flat(strategy.aggregator.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
     assert not np.array_equal(a, b)
     assert a.std() == pytest.approx(0.95 * 0.2 / 10, rel=0.15)  # 1100 coordinates
 
@@ -411,7 +416,7 @@ def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
     big = with_norm(SMALL_SHAPES, 1e3, seed=1)
     small = with_norm(SMALL_SHAPES, 0.1, seed=2)
     plan = prime(strategy, old, sampled=3)
-    outcome = strategy.aggregate(plan, [reply(1, big), reply(2, small), error_reply(3)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(1, big), reply(2, small), error_reply(3)])
     # Denominator = the 2 aggregated updates, not m = 10 nor the 3 sampled; the big update is not clipped.
     expected = [(b.astype(np.float64) + s) / 2 for b, s in zip(big, small, strict=True)]
     # float32 rounding of the (large) average: compare relative to its size.
@@ -424,7 +429,7 @@ def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
     # No noise: another seed and another round give the same model.
     other = build("strategy=fedavg", *SMALL_POP, "seed=9")
     plan = prime(other, old, sampled=3, server_round=5)
-    again = other.aggregate(plan, [reply(2, small), reply(1, big)])
+    again = other.aggregator.aggregate(plan, [reply(2, small), reply(1, big)])
     for a, b in zip(outcome.new_weights, again.new_weights, strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -628,7 +633,7 @@ def test_planning_changes_nothing_and_only_a_mask_that_needs_it_checkpoints_the_
     strategy.population.connect(FakeGrid(), timeout=1)
     weights = [ArrayRecord(random_update(SMALL_SHAPES, 0.1, seed=s)) for s in range(3)]
     plan = strategy.plan_round(1, weights[0], ConfigRecord())
-    strategy.aggregate(plan, [])  # the round's end: w_1 becomes the previous global
+    end_round(strategy, plan)  # the round's end: w_1 becomes the previous global
     before = strategy.state()
     strategy.plan_round(2, weights[1], ConfigRecord())  # the checkpoint of round 1 may be written after this
     after = strategy.state()
@@ -675,10 +680,10 @@ def test_noise_drawn_ahead_releases_the_model_drawn_on_demand(secure: bool):
         strategy = build(*overrides)
         plan = prime(strategy, old, sampled=2)
         if ahead:
-            strategy.draw_noise_ahead(plan)
+            strategy.aggregator.draw_noise_ahead(plan)
             assert plan.server_noise is not None
-            strategy.draw_noise_ahead(plan)  # idempotent: the same draws, started once
-        released.append(strategy.aggregate(plan, [reply(pid, u) for pid, u in updates.items()]).new_weights)
+            strategy.aggregator.draw_noise_ahead(plan)  # idempotent: the same draws, started once
+        released.append(strategy.aggregator.aggregate(plan, [reply(pid, u) for pid, u in updates.items()]).new_weights)
     if secure:  # fresh CSPRNG noise each time: the same law, not the same values
         assert all(not np.array_equal(a, b) for a, b in zip(*released, strict=True))
     else:
@@ -693,5 +698,5 @@ def test_noise_drawn_ahead_releases_the_model_drawn_on_demand(secure: bool):
 def test_no_noise_is_drawn_ahead_where_the_server_adds_none_for_a_full_round(overrides: tuple[str, ...]):
     strategy = build(*overrides, *SMALL_POP)
     plan = prime(strategy, random_update(SMALL_SHAPES, 0.1, seed=0), sampled=2)
-    strategy.draw_noise_ahead(plan)
+    strategy.aggregator.draw_noise_ahead(plan)
     assert plan.server_noise is None

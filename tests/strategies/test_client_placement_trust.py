@@ -20,7 +20,7 @@ SIGMA, C, M = 0.95, 0.2, 10
 @pytest.mark.parametrize("skipping", [0, 3, 10])
 def test_noise_skipping_clients_leave_the_honest_ones_share(skipping: int) -> None:
     strategy = build("strategy=dp_fedavg", *CLIENT)
-    assert strategy.expected_clients == M and not strategy.server_clips
+    assert strategy.expected_clients == M and not strategy.aggregator.server_clips
     rng = np.random.default_rng(skipping)
     per_client = mech.gaussian_noise_std(SIGMA, C, M, "client")  # σC/√m
     old = zeros(SHAPES)
@@ -31,7 +31,7 @@ def test_noise_skipping_clients_leave_the_honest_ones_share(skipping: int) -> No
         )
         for pid in range(M)
     ]
-    step = flat(delta(strategy.aggregate(plan, replies).new_weights, old))
+    step = flat(delta(strategy.aggregator.aggregate(plan, replies).new_weights, old))
     expected = SIGMA * C / M * np.sqrt((M - skipping) / M)  # every client contributed: no top-up
     if skipping == M:
         assert np.count_nonzero(step) == 0  # nobody noised, nothing is added
@@ -44,6 +44,6 @@ def test_the_server_does_not_reclip_under_client_placement() -> None:
     old = zeros(SHAPES)
     plan = prime(strategy, old, sampled=M, server_round=1)
     huge = [np.full(s, 1.0, dtype=np.float32) for s in SHAPES]  # norm ≈ 447 ≫ C = 0.2
-    outcome = strategy.aggregate(plan, [reply(0, huge), *[reply(pid, zeros(SHAPES)) for pid in range(1, M)]])
+    outcome = strategy.aggregator.aggregate(plan, [reply(0, huge), *[reply(pid, zeros(SHAPES)) for pid in range(1, M)]])
     np.testing.assert_allclose(flat(delta(outcome.new_weights, old)), flat(huge) / M, rtol=1e-6)
     assert outcome.stats.get("reclipped", 0) == 0

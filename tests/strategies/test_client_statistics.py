@@ -24,7 +24,7 @@ POP = ("strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2"
 def _stats(strategy, norms=(0.1, 0.5, 1.0, 0.05)):
     plan = prime(strategy, zeros(SHAPES), sampled=len(norms) + 1)
     replies = [reply(i, with_norm(SHAPES, n, seed=i)) for i, n in enumerate(norms)]
-    return strategy.aggregate(plan, [*replies, error_reply(len(norms))]).stats
+    return strategy.aggregator.aggregate(plan, [*replies, error_reply(len(norms))]).stats
 
 
 @pytest.mark.parametrize("mode", ["none", "noisy"])
@@ -133,11 +133,11 @@ def test_auto_is_raw_in_simulation_and_none_in_deployment(caplog):
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         plan = prime(deployed, zeros(SHAPES), sampled=2)
-        assert deployed.aggregate(plan, [error_reply(7)]).stats["failed"] == 2
+        assert deployed.aggregator.aggregate(plan, [error_reply(7)]).stats["failed"] == 2
     assert "rejected" not in caplog.text and "boom" not in caplog.text
     with caplog.at_level(logging.WARNING):
         plan = prime(simulated, zeros(SHAPES), sampled=2)
-        simulated.aggregate(plan, [error_reply(7)])
+        simulated.aggregator.aggregate(plan, [error_reply(7)])
     assert "reply rejected (failed): boom" in caplog.text  # raw statistics: the reason is logged
 
 

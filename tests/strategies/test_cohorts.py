@@ -135,11 +135,11 @@ def test_cohort_sums_aggregate_like_the_same_updates_sent_one_by_one(name):
     plan = _send(cohort, sampled)
     messages = plan.messages
     replies = [_reply(m, {p: updates[p] for p in c}) for m, c in zip(messages, _cohorts(messages), strict=True)]
-    got = cohort.aggregate(plan, replies)
+    got = cohort.aggregator.aggregate(plan, replies)
 
     single = build(*overrides)
     plan = prime(single, GLOBAL, sampled=len(sampled), partitions=sampled)
-    want = single.aggregate(plan, [reply(p, updates[p]) for p in sampled])
+    want = single.aggregator.aggregate(plan, [reply(p, updates[p]) for p in sampled])
     for a, b in zip(got.new_weights, want.new_weights, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-7)
     assert got.stats["aggregated"] == 5 and got.stats["failed"] == 0
@@ -153,7 +153,7 @@ def test_a_cohort_sum_beyond_k_times_c_is_reclipped_by_the_server():
     plan = _send(strategy, sampled)
     messages = plan.messages
     huge = {p: with_norm(SHAPES, 100 * c, seed=p) for p in sampled}  # a worker that did not clip
-    outcome = strategy.aggregate(plan, [_reply(messages[0], huge)])
+    outcome = strategy.aggregator.aggregate(plan, [_reply(messages[0], huge)])
     m = strategy.expected_clients
     assert mech.global_l2_norm(outcome.new_weights) <= 2 * c / m * (1 + 1e-5)
     assert outcome.stats["reclipped"] == 2 and outcome.stats["aggregated"] == 2
@@ -198,7 +198,7 @@ def test_a_hostile_or_broken_cohort_reply_is_rejected_and_counted(kind, counter,
     strategy = _cohort_strategy("strategy=dp_fedavg", "dataset.num_clients=50", nodes=1)
     plan = _send(strategy, [2, 5, 11])
     messages = plan.messages
-    outcome = strategy.aggregate(plan, _hostile(messages, kind))
+    outcome = strategy.aggregator.aggregate(plan, _hostile(messages, kind))
     assert outcome.stats[counter] == rejected
     assert outcome.stats["aggregated"] == (3 if kind == "duplicate" else 0)
     assert all(np.isfinite(w).all() for w in outcome.new_weights)
@@ -209,7 +209,7 @@ def test_clients_the_worker_rejected_are_counted_and_the_rest_aggregated():
     plan = _send(strategy, [2, 5, 11, 13])
     messages = plan.messages
     good = {5: with_norm(SHAPES, 0.01, seed=5)}
-    outcome = strategy.aggregate(plan, [_reply(messages[0], good, failed=[2], nonfinite=[11], shape=[13])])
+    outcome = strategy.aggregator.aggregate(plan, [_reply(messages[0], good, failed=[2], nonfinite=[11], shape=[13])])
     s = outcome.stats
     assert (s["aggregated"], s["failed"], s["rejected_nonfinite"], s["rejected_shape"]) == (1, 1, 1, 1)
     assert s["received"] == 4 and s["client_norms"] == pytest.approx([0.01])
@@ -220,7 +220,9 @@ def test_a_missing_cohort_reply_counts_all_its_clients_as_failed():
     plan = _send(strategy, [2, 5, 11, 13])
     messages = plan.messages
     first = _cohorts(messages)[0]
-    outcome = strategy.aggregate(plan, [_reply(messages[0], {p: with_norm(SHAPES, 0.01, seed=p) for p in first})])
+    outcome = strategy.aggregator.aggregate(
+        plan, [_reply(messages[0], {p: with_norm(SHAPES, 0.01, seed=p) for p in first})]
+    )
     assert outcome.stats["aggregated"] == len(first)
     assert outcome.stats["failed"] == 4 - len(first)
     assert math.isfinite(outcome.stats["norm_mean"])

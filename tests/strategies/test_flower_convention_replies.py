@@ -84,7 +84,7 @@ def _counts(stats: dict[str, Any]) -> dict[str, int]:
 
 
 def _aggregate(strategy: FederatedStrategy, plan: RoundPlan, replies: list[Message]) -> RoundOutcome:
-    return strategy.aggregate(plan, replies)
+    return strategy.aggregator.aggregate(plan, replies)
 
 
 # ----- admitted as a cohort of one -----------------------------------------------------------------------------
@@ -216,10 +216,10 @@ def test_a_hostile_flower_reply_is_rejected_and_counted_never_fatal(case: str) -
     honest = [with_norm(SHAPES, 0.1, seed=10 + p) for p in (1, 2)]
     good = _trained(old, with_norm(SHAPES, 0.1, seed=9))
     reasons: list[tuple[str, str]] = []
-    taken = strategy.receiver(plan)
+    taken = strategy.aggregator.receiver(plan)
     taken.reject = lambda server_round, kind_, reason: reasons.append((kind_, reason))
     taken.take([bad(plan.messages[0], good), reply(1, honest[0]), reply(2, honest[1])])
-    outcome = strategy.aggregate_taken(taken)
+    outcome = strategy.aggregator.aggregate_taken(taken)
     expected = {"aggregated": 2, **dict.fromkeys(COUNTERS[1:], 0)}
     expected[f"rejected_{kind}"] = 1
     assert _counts(outcome.stats) == expected

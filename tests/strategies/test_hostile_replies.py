@@ -221,7 +221,7 @@ def _round_with_one_bad_reply(bad: Callable[[Message], Message]) -> tuple[RoundO
     plan = _plan(strategy, 1)
     messages = plan.messages
     assert len(messages) >= 3
-    outcome = strategy.aggregate(plan, [bad(messages[0]), *[_honest(m) for m in messages[1:]]])
+    outcome = strategy.aggregator.aggregate(plan, [bad(messages[0]), *[_honest(m) for m in messages[1:]]])
     return outcome, [_pid(m) for m in messages[1:]]
 
 
@@ -250,7 +250,9 @@ def test_a_huge_but_finite_update_is_clipped_to_c_not_rejected() -> None:
     strategy = _strategy()
     plan = _plan(strategy, 1)
     messages = plan.messages
-    outcome = strategy.aggregate(plan, [_client_message(messages[0], huge, _metrics(_pid(messages[0]), huge))])
+    outcome = strategy.aggregator.aggregate(
+        plan, [_client_message(messages[0], huge, _metrics(_pid(messages[0]), huge))]
+    )
     assert outcome.stats["aggregated"] == 1 and outcome.stats["reclipped"] == 1
     assert mech.global_l2_norm(outcome.new_weights) <= C / M * (1 + 1e-6)
     assert mech.global_l2_norm(outcome.new_weights) == pytest.approx(C / M, rel=1e-4)
@@ -262,7 +264,9 @@ def test_a_float16_update_is_clipped_to_a_tiny_c_not_crashing_the_round() -> Non
     strategy = _strategy("privacy.clip_norm=1e-6")
     plan = _plan(strategy, 1)
     messages = plan.messages
-    outcome = strategy.aggregate(plan, [_client_message(messages[0], update, _metrics(_pid(messages[0]), update))])
+    outcome = strategy.aggregator.aggregate(
+        plan, [_client_message(messages[0], update, _metrics(_pid(messages[0]), update))]
+    )
     assert outcome.stats["aggregated"] == 1 and outcome.stats["reclipped"] == 1
     assert mech.global_l2_norm(outcome.new_weights) <= 1e-6 / M * (1 + 1e-6)
 
@@ -307,7 +311,7 @@ def test_a_reply_to_a_message_of_an_earlier_round_is_rejected() -> None:
     assert {_pid(m) for m in earlier} & {_pid(m) for m in current}  # some partitions are sampled in both rounds
     # Well-formed replies from the nodes the round-1 messages went to, arriving in round 2 before round 2's replies.
     stale = [_honest(m) for m in earlier]
-    outcome = strategy.aggregate(plan, [*stale, *[_honest(m) for m in current]])
+    outcome = strategy.aggregator.aggregate(plan, [*stale, *[_honest(m) for m in current]])
     _assert_round(outcome, [_pid(m) for m in current], malformed=len(earlier))
     assert outcome.stats["received"] == len(current)
 
@@ -328,7 +332,7 @@ def test_a_node_cannot_answer_for_a_partition_assigned_to_another_node() -> None
     # 2. The liar node answers its own message, claiming the target's partition.
     claimed = _client_message(liars_message, huge, _metrics(_pid(target), huge))
     genuine = [_honest(m) for m in messages if m is not liars_message]
-    outcome = strategy.aggregate(plan, [forged, claimed, *genuine])
+    outcome = strategy.aggregator.aggregate(plan, [forged, claimed, *genuine])
     # The target's genuine reply, arriving after both lies, is accepted: neither lie used up its message.
     _assert_round(outcome, [_pid(m) for m in messages if m is not liars_message], malformed=2)
     assert outcome.stats["received"] == len(messages)  # the liar's message was answered (by a malformed reply)
@@ -340,7 +344,7 @@ def test_a_reply_from_an_unknown_node_or_to_an_unknown_message_is_rejected() -> 
     messages = plan.messages
     stranger = _from_node(_honest(messages[0]), 12345)
     unknown = reply(_pid(messages[1]), _honest_update(_pid(messages[1])))  # to a message never sent (id "m<pid>")
-    outcome = strategy.aggregate(plan, [stranger, unknown, *[_honest(m) for m in messages]])
+    outcome = strategy.aggregator.aggregate(plan, [stranger, unknown, *[_honest(m) for m in messages]])
     _assert_round(outcome, [_pid(m) for m in messages], malformed=2)
 
 
@@ -364,7 +368,7 @@ def test_a_second_answer_to_a_message_is_rejected_and_the_first_kept(second: str
         "error": lambda: Message(Error(code=1, reason="late"), reply_to=first),
         "wrong-shape": lambda: reply(pid, [np.zeros(3, np.float32)], to=first),
     }[second]()
-    outcome = strategy.aggregate(plan, [*[_honest(m) for m in messages], again])
+    outcome = strategy.aggregator.aggregate(plan, [*[_honest(m) for m in messages], again])
     _assert_round(outcome, [_pid(m) for m in messages], malformed=1)
 
 
@@ -432,7 +436,7 @@ def test_metrics_of_another_record_type_with_bools_or_strings_are_malformed(valu
     metrics = _metrics(pid, update)
     metrics.update({k: {"BOOL": bool(pid), "STR": str(pid)}.get(v, v) for k, v in values.items()})
     bad = _message(first, update, ConfigRecord(_wire(metrics)))
-    outcome = strategy.aggregate(plan, [bad, *[_honest(m) for m in messages if m is not first]])
+    outcome = strategy.aggregator.aggregate(plan, [bad, *[_honest(m) for m in messages if m is not first]])
     _assert_round(outcome, [_pid(m) for m in messages if m is not first], malformed=1)
 
 
@@ -556,7 +560,7 @@ def test_a_broken_cohort_reply_is_rejected_and_the_round_goes_on(
     plan = _plan(strategy, 1)
     messages = plan.messages
     assert len(messages) >= 2 and plan.cohort_mode
-    outcome = strategy.aggregate(plan, [bad(messages[0]), *[_honest_cohort(m) for m in messages[1:]]])
+    outcome = strategy.aggregator.aggregate(plan, [bad(messages[0]), *[_honest_cohort(m) for m in messages[1:]]])
     others = [p for m in messages[1:] for p in _ids(m)]
     assert outcome.stats["aggregated"] == len(others)
     assert sum(_counts(outcome.stats).values()) == plan.sampled + unbound

@@ -38,7 +38,7 @@ def server_noise(*overrides: str) -> np.ndarray:
     strategy = build(*POP, *overrides)
     old = zeros(SHAPES)
     plan = prime(strategy, old, sampled=4)
-    outcome = strategy.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(4)])
+    outcome = strategy.aggregator.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(4)])
     return flat(delta(outcome.new_weights, old))
 
 
@@ -95,7 +95,7 @@ def test_noisy_counts_are_keyed_too(setting, stat):
     def fraction(*overrides: str) -> float:
         strategy = build(*POP, "strategy=dp_fedavg", setting, *overrides)
         plan = prime(strategy, zeros(SHAPES), sampled=4)
-        stats = strategy.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(4)]).stats
+        stats = strategy.aggregator.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(4)]).stats
         if stat == "noisy":
             stats = strategy.published_statistics(1, stats)
         return float(stats["fraction_clipped_noisy"])

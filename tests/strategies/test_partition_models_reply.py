@@ -67,10 +67,10 @@ def _reply(plan: RoundPlan, answers: list[tuple[int, RecordDict]], failures: Any
 def _taken(strategy: FederatedStrategy, plan: RoundPlan, replies: list[Message]) -> tuple[RoundOutcome, list]:
     """The round's outcome and every rejection it reported, (kind, reason)."""
     reasons: list[tuple[str, str]] = []
-    taken = strategy.receiver(plan)
+    taken = strategy.aggregator.receiver(plan)
     taken.reject = lambda server_round, kind, reason: reasons.append((kind, reason))
     taken.take(replies)
-    return strategy.aggregate_taken(taken), reasons
+    return strategy.aggregator.aggregate_taken(taken), reasons
 
 
 def _counts(stats: dict[str, Any]) -> dict[str, int]:

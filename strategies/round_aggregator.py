@@ -1,29 +1,59 @@
 """Steps 5-6 of the round (strategies/base.py's module docstring): bind, screen and admit the replies (the server's
-re-clip), the canaries, the sum over the fixed denominator m, the noise and the server's post-processing. A part of
-:class:`strategies.base.FederatedStrategy` (a mixin over its fields)."""
+re-clip), the canaries, the sum over the fixed denominator m, the noise and the server's post-processing.
+
+:class:`RoundAggregator` is built from explicit inputs — the strategy's clip norm, noisy average, server optimizer,
+randomness, statistics policy, sampler and audit as they stand when the round runs — and returns what it computed
+(:class:`~strategies.rounds.RoundOutcome`); what the round changes on the strategy, the strategy sets itself.
+"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from logging import WARNING
 
 import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from fl_app.audit.canaries import AuditResult, CanaryAudit
-from fl_app.instructions import (
-    STREAM_ADAPTIVE_CLIP,
-    STREAM_CANARY_SAMPLING,
-)
+from fl_app.instructions import STREAM_ADAPTIVE_CLIP, STREAM_CANARY_SAMPLING
 from fl_app.privacy import mechanisms as mech
+from fl_app.server_optimizers import ServerOptimizer
 from strategies.aggregation import RoundReplies
+from strategies.auditing import CanaryAuditor
+from strategies.client_dp import NoisyAverage
+from strategies.client_dp.clipping import ClipNorm
+from strategies.client_dp.randomness import RunRandomness
+from strategies.client_dp.sampling import ClientSampler
+from strategies.flower_step import FlowerServerStep
 from strategies.rounds import RoundOutcome, RoundPlan
+from strategies.statistics import ClientStatistics
 
 
-class AggregationSteps:
-    """Steps 5-6 over a round's replies (strategies/base.py's fields)."""
+@dataclass(frozen=True)
+class RoundAggregator:
+    """Steps 5-6 over a round's replies."""
+
+    #: M: the canaries' ids follow the real clients'.
+    num_clients: int
+    #: m, the fixed denominator (adaptive clipping's count is over it).
+    expected_clients: float
+    #: C_t (adaptive clipping moves it after the round).
+    clipping: ClipNorm
+    #: The private average over m with the placement's clip and noise; None: the plain mean of what arrived.
+    noisy_average: NoisyAverage | None
+    #: w ← step(w, average), post-processing of the released average.
+    server_optimizer: ServerOptimizer | FlowerServerStep
+    randomness: RunRandomness
+    #: Whether a rejection may be logged (only where raw client statistics are published).
+    statistics: ClientStatistics
+    #: Who may join as a canary (the run's sampler).
+    sampler: ClientSampler
+    #: The canary audit (None without ``audit``).
+    auditor: CanaryAuditor | None
+    #: Whether the round record states C_t (a private run).
+    states_clip_norm: bool
 
     def _log_rejection(self, server_round: int, kind: str, reason: str) -> None:
         # Logs are published. A reason can name a partition (an error text a client wrote, a claimed id), and each
@@ -46,16 +76,15 @@ class AggregationSteps:
     def aggregate_taken(self, taken: RoundReplies) -> RoundOutcome:
         """Step 6 over what :meth:`receiver` took: the canaries, the sum over m, noise, the server step."""
         plan = taken.plan
-        # Planning changes nothing on the strategy; the round's end does (the next round's previous global).
-        self.last_round_global = plan.global_weights
         taken.add_canaries(self.num_clients, self.canary_updates(plan))
         updates, num_clients = taken.ordered()
         average = self.combine(plan, updates, num_clients)
         new_weights = self.server_optimizer.step(plan.global_weights, average)
-        stats = taken.statistics(self.clip_norm)
-        if self.budget is not None:
-            stats["clip_norm"] = self.clip_norm
-        if self.adaptive_clipping:
+        clip_norm = self.clipping.clip_norm
+        stats = taken.statistics(clip_norm)
+        if self.states_clip_norm:
+            stats["clip_norm"] = clip_norm
+        if self.clipping.adaptive:
             # The aggregated clients' bits only: canaries and rejected clients have no part in m.
             rng = self.randomness.noise_rng(plan.server_round, STREAM_ADAPTIVE_CLIP)
             stats.update(self.clipping.after_round(taken.norms, self.expected_clients, rng))
@@ -83,23 +112,8 @@ class AggregationSteps:
             return []
         rng = self.randomness.round_rng(plan.server_round, STREAM_CANARY_SAMPLING)
         joined = self.sampler.sample(self.auditor.canaries.count, plan.server_round, rng, self.randomness)
-        sent = self.auditor.updates(plan, joined, self.clip_norm, self.secure_noise, self.num_clients)
+        sent = self.auditor.updates(plan, joined, self.clipping.clip_norm, self.randomness.secure, self.num_clients)
         return [(index, self.admit(plan, update)[0]) for index, update in sent]
-
-    @property
-    def canaries(self) -> CanaryAudit | None:
-        """The run's canary clients (None without ``audit``, or before start())."""
-        return None if self.auditor is None else self.auditor.canaries
-
-    @property
-    def audit_result(self) -> AuditResult | None:
-        """The latest evaluation of the audit."""
-        return None if self.auditor is None else self.auditor.result
-
-    @property
-    def client_clip_norm(self) -> float:
-        """C the client clips its update to (0 = no update clipping)."""
-        return 0.0 if self.budget is None else self.clip_norm
 
     @property
     def server_clips(self) -> bool:
