@@ -132,6 +132,16 @@ class DPOverRounds(ClientLevelDP):
             raise AttributeError(name)
         return getattr(self.strategy, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The private strategy's attributes are read through the layer (__getattr__); a write would only shadow one
+        # on the layer while the rounds kept theirs, so it is refused, saying where the attribute lives.
+        if name != "strategy" and "strategy" in self.__dict__ and hasattr(self.strategy, name):
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is the private strategy's: set it on the layer's .strategy, or build "
+                "the layer with it (ClientLevelDP(..., clip_norm=...), the wrapped strategy's own settings)"
+            )
+        super().__setattr__(name, value)
+
     def __repr__(self) -> str:
         p = self.strategy.config.privacy
         return (

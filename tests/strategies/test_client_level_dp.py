@@ -82,6 +82,18 @@ def test_the_wrapped_strategy_is_left_plain_and_the_layer_runs_a_private_rebuild
     assert layer.noisy_average is not None and layer.config.privacy.noise_multiplier == 1.0
 
 
+def test_the_private_strategys_attributes_are_read_through_the_layer_and_never_shadowed_by_a_write() -> None:
+    layer = DPFedSAM(num_clients=20, num_rounds=2)
+    assert layer.noise_multiplier == layer.strategy.noise_multiplier  # read through the layer
+    with pytest.raises(AttributeError, match=r"DPFedSAM\.noise_multiplier is the private strategy's"):
+        layer.noise_multiplier = 2.0
+    assert layer.strategy.noise_multiplier == layer.noise_multiplier != 2.0
+    with pytest.raises(AttributeError, match="in_flight is the private strategy's"):
+        ClientLevelDP(FederatedAveraging(num_clients=20)).in_flight = None
+    layer.label = "mine"  # an attribute of the layer's own
+    assert layer.label == "mine" and not hasattr(layer.strategy, "label")
+
+
 def test_a_flower_accountant_accounts_the_layers_releases() -> None:
     accountant = RdpAccountant(privacy_config(1e-3, "poisson", 20))
     layer = ClientLevelDP(FederatedAveraging(num_clients=20, num_rounds=2), accountant=accountant, delta=1e-3)
