@@ -116,31 +116,16 @@ def flwr_run_app(
     return subprocess.run(
         ["flwr", "run", str(app), connection, "--federation-config", federation_config, "--run-config", run_config,
          "--stream"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=500,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
 
 def flwr_run_simulation(
-    tmp: Path, run_config: str, num_supernodes: int = 2, resources: str = "client-resources-num-cpus=1"
+    superlink: tuple[str, dict[str, str], Path],
+    run_config: str,
+    num_supernodes: int = 2,
+    resources: str = "client-resources-num-cpus=1",
 ) -> subprocess.CompletedProcess[str]:
-    """``flwr run <app> --run-config <run_config>`` (tests/integration/app_dir.py) against a real ``--simulation``
-    SuperLink started in ``tmp``."""
-    with simulation_superlink(tmp) as (connection, env):
-        return subprocess.run(
-            [
-                "flwr",
-                "run",
-                str(app_dir()),
-                connection,
-                "--federation-config",
-                f"num-supernodes={num_supernodes} {resources}",
-                "--run-config",
-                run_config,
-                "--stream",
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
+    """``flwr run <app> --run-config <run_config>`` (tests/integration/app_dir.py) on a real ``--simulation``
+    SuperLink (:func:`shared_superlink`, or one of a test's own: (connection, env, directory))."""
+    return flwr_run_app(superlink, app_dir(), run_config, f"num-supernodes={num_supernodes} {resources}")

@@ -83,11 +83,11 @@ def test_app_equals_the_plain_pytorch_loop_with_adaptive_clipping(adaptive_run: 
             np.testing.assert_array_equal(app_w, loop_w)
 
 
-def test_flwr_run_gives_the_same_adaptive_run(short_tmp: Path, adaptive_run: Path) -> None:
+def test_flwr_run_gives_the_same_adaptive_run(short_tmp: Path, adaptive_run: Path, shared_superlink: tuple) -> None:
     out = short_tmp / "flwr_out"
     overrides = " ".join(a for a in ADAPTIVE if not a.startswith(("strategy=", "num_rounds=")))
     proc = flwr_run_simulation(
-        short_tmp, f"strategy='dp_fedavg' num_rounds={ROUNDS} overrides='{overrides}' output_dir='{out}'"
+        shared_superlink, f"strategy='dp_fedavg' num_rounds={ROUNDS} overrides='{overrides}' output_dir='{out}'"
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert _comparable(read_metrics(out / "metrics.jsonl")) == _comparable(read_metrics(adaptive_run / "metrics.jsonl"))

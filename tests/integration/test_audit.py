@@ -55,9 +55,9 @@ def test_dp_fedavg_audit_through_hydra(short_tmp: Path) -> None:
     _check(short_tmp / "out")
 
 
-def test_dp_fedsam_audit_through_flwr_run(short_tmp: Path) -> None:
+def test_dp_fedsam_audit_through_flwr_run(short_tmp: Path, shared_superlink: tuple) -> None:
     out = short_tmp / "flwr_out"
     run_config = f"num_rounds={ROUNDS} audit='canaries' overrides='{' '.join([*AUDIT, *SMALL])}' output_dir='{out}'"
-    proc = flwr_run_simulation(short_tmp, run_config)
+    proc = flwr_run_simulation(shared_superlink, run_config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _check(out)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.processes import ROOT, kill_processes_mentioning, run_env
+from bench.processes import ROOT, kill_processes_mentioning, run_env, simulation_superlink
 from tests.integration.conftest import flwr_run_simulation, run_hydra
 
 pytestmark = [
@@ -73,11 +73,12 @@ def test_under_flwr_run_the_engines_death_fails_the_run_in_seconds(short_tmp: Pa
     out = short_tmp / "out"
     overrides = " ".join(TINY[:3])
     start = time.monotonic()
-    result = flwr_run_simulation(
-        short_tmp,
-        f"num_rounds=2 round_timeout=3600 output_dir='{out}' overrides='{overrides}'",
-        resources="client-resources-num-cpus=1 client-resources-num-gpus=1",
-    )
+    with simulation_superlink(short_tmp) as (connection, env):  # its own: the engine dies under it
+        result = flwr_run_simulation(
+            (connection, env, short_tmp),
+            f"num_rounds=2 round_timeout=3600 output_dir='{out}' overrides='{overrides}'",
+            resources="client-resources-num-cpus=1 client-resources-num-gpus=1",
+        )
     assert time.monotonic() - start < 150, result.stdout[-3000:]  # not round_timeout (3,600 s) per round
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] == "failed", meta

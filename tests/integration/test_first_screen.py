@@ -83,9 +83,9 @@ def test_the_checker_finds_each_problem_and_nothing_else() -> None:
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-def test_flwr_run_prints_a_clean_first_screen(short_tmp: Path) -> None:
+def test_flwr_run_prints_a_clean_first_screen(short_tmp: Path, shared_superlink: tuple) -> None:
     out = short_tmp / "flwr_out"
-    proc = flwr_run_simulation(short_tmp, f"num_rounds=1 overrides='{' '.join(SMALL)}' output_dir='{out}'")
+    proc = flwr_run_simulation(shared_superlink, f"num_rounds=1 overrides='{' '.join(SMALL)}' output_dir='{out}'")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, output[-3000:]
     assert "[round 1/1]" in output and "Population: 50 clients" in output  # the screen is the run's

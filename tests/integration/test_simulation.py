@@ -105,10 +105,12 @@ def test_dp_fedsam_learns_something(dp_fedsam_run: Path) -> None:
 
 
 @pytest.mark.slow  # both front doors are also held equal by test_adaptive_clipping.py (C_t moving) and test_audit.py
-def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(short_tmp: Path, dp_fedsam_run: Path) -> None:
+def test_flwr_run_gives_the_same_training_as_the_hydra_entry_point(
+    short_tmp: Path, dp_fedsam_run: Path, shared_superlink: tuple
+) -> None:
     out = short_tmp / "flwr_out"
     run_config = f"num_rounds={ROUNDS} overrides='{' '.join(SMALL)}' output_dir='{out}'"  # same config and seed
-    proc = flwr_run_simulation(short_tmp, run_config)
+    proc = flwr_run_simulation(shared_superlink, run_config)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert first_screen_problems(proc.stdout + proc.stderr) == [], proc.stdout + proc.stderr
     assert (out / "final_model.npz").exists(), proc.stdout[-3000:]
