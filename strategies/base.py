@@ -46,7 +46,7 @@ from fl_app.metrics import OPERATOR_FILE, MetricsWriter
 from fl_app.privacy.pipeline import Mechanism, mechanisms_for
 from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
-from strategies.client_dp import NoisyAverage, PrivacyBudget
+from strategies.client_dp import NoisyAverage, PrivacyAccount, PrivacyBudget
 from strategies.client_dp.clipping import ClipNorm, clip_norm_for
 from strategies.client_dp.placement import Placement, placement
 from strategies.client_dp.private_rounds import PrivateRounds
@@ -150,14 +150,15 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, may_adapt=self.privacy is not None)
         #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
         self.placement: Placement = placement(privacy.placement)
-        #: What the run's releases spend and the budget guard (None for a plain algorithm).
-        self.budget: PrivacyBudget | None = None
+        #: What the run's releases spend and what run.json states of it (client_dp/account.py; None: plain).
+        self.account: PrivacyAccount | None = None
         if self.privacy is not None:
             ledger = self.make_ledger()
             self.noise_multiplier = self.calibrated_noise_multiplier()
             accounted = accounted_noise_multiplier(self.noise_multiplier, self.clipping, self.statistics)
-            self.budget = PrivacyBudget(ledger, self.mechanisms, noise_multiplier=accounted,
-                                        sample_rate=privacy.sample_rate, max_epsilon=privacy.max_epsilon)  # fmt: skip
+            self.account = PrivacyAccount.for_rounds(ledger, self.mechanisms, privacy, self.noise_multiplier,
+                                                     accounted, self.clipping, self.expected_clients)  # fmt: skip
+        self.budget: PrivacyBudget | None = None if self.account is None else self.account.budget  # the guard
         #: The released average over m, clipped and noised (client_dp/average.py); None: the plain mean of what arrived.
         self.noisy_average: NoisyAverage | None = None
         if self.budget is not None and self.privacy is not None and self.privacy.server_average:

@@ -50,7 +50,7 @@ from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.ledger import SampledGaussianLedger, accountant_name
 from fl_app.privacy.pipeline import mechanisms_for
 from strategies.base import FederatedStrategy
-from strategies.client_dp import PrivacyBudget
+from strategies.client_dp import PrivacyAccount, PrivacyBudget
 from strategies.client_dp.clipping import FixedClipNorm
 from strategies.client_dp.randomness import RunRandomness
 from strategies.client_dp.releasing import RunReleases
@@ -166,10 +166,11 @@ class DPOverFlowerMean(ClientLevelDP):
         self.expected_clients = fixed_denominator(self.sampling, self.sample_rate, self.num_clients)
         #: The per-coordinate std σC/m of the noise on the released average.
         self.noise_std = mech.gaussian_noise_std(self.noise_multiplier, self.clip_norm, self.expected_clients, "server")
-        #: What the releases spend and the budget guard, as our strategies keep them (:meth:`_budget`).
-        self.budget = self._budget(accountant)
-        #: The accountant's name in dp_guarantee(): rdp, prv, pld, flwr-rdp for Flower's, else its class.
-        self.accountant_name = accountant_name(self.budget.accountant)
+        #: What the releases spend (:meth:`_budget`) and run.json's claim of it, as ours (client_dp/account.py).
+        self.account = PrivacyAccount(self._budget(accountant), self.noise_multiplier, FixedClipNorm(self.clip_norm),
+                                      self.clip_norm, self.sample_rate, self.expected_clients, "server")  # fmt: skip
+        #: The accountant's name in the summary: rdp, prv, pld, flwr-rdp for Flower's, else its class.
+        self.accountant_name = accountant_name(self.account.accountant)
         #: Why the budget guard stopped the run (None while it runs).
         self.stop_reason: str | None = None
         self.empty_rounds = EmptyRoundWatch(int(max_empty_rounds), "ClientLevelDP max_empty_rounds")
@@ -221,42 +222,32 @@ class DPOverFlowerMean(ClientLevelDP):
     @property
     def rounds_released(self) -> int:
         """Noisy models released (and accounted), earlier releases logged in ``release_dir`` included."""
-        return self.budget.released
+        return self.account.rounds_released
 
     @property
     def ledger(self) -> SampledGaussianLedger:
-        """What the releases have spent (:attr:`budget`'s ledger)."""
-        return self.budget.ledger  # type: ignore[return-value]  (built above)
+        """What the releases have spent (the account's ledger)."""
+        return self.account.ledger  # type: ignore[return-value]  (built by _budget)
 
     @property
     def accountant(self) -> PrivacyAccountant:
         """What accounts the releases, with Flower's ``PrivacyAccountant`` interface (``compose``, ``get_epsilon``,
         ``would_exceed``, ``state_dict``): the one ``accountant=`` named, or the instance it was given."""
-        return self.budget.accountant
+        return self.account.accountant
 
     def epsilon(self) -> float:
         """ε spent so far at δ (∞ once a release without noise, σ = 0, is accounted)."""
-        return self.budget.epsilon()
+        return self.account.epsilon()
 
     def dp_guarantee(self) -> dict[str, Any]:
         """The guarantee of the models released so far and the mechanism's parameters: our strategies' ``run.json``
-        claim (:meth:`strategies.client_dp.PrivacyBudget.claim` and the same mechanism fields), and what the wrapper
-        adds (the population, the noise's std, what is not covered)."""
+        claim (:meth:`strategies.client_dp.PrivacyAccount.claim`), and what the wrapper adds (the population, the
+        noise's std, what is not covered)."""
         return {
-            **self.budget.claim(),
-            "noise_multiplier": self.noise_multiplier,
-            "accounted_noise_multiplier": self.budget.noise_multiplier,
-            "clip_norm": self.clip_norm,
-            "clipping": FixedClipNorm(self.clip_norm).claim(),
-            "sample_rate": self.sample_rate,
-            "expected_clients": self.expected_clients,
-            "placement": "server",
+            **self.account.claim(self.random),
             "sampling": self.sampling,
             "num_clients": self.num_clients,
             "noise_std": self.noise_std,
-            "noise_source": self.random.source(),
-            "sampling_source": self.random.source(),
-            "noise_stream": self.random.noise_stream_claim(),
             "not_covered": "client-reported metrics (train replies' metrics are dropped; evaluation metrics)",
         }
 
@@ -294,7 +285,7 @@ class DPOverFlowerMean(ClientLevelDP):
             return []
         node_ids = population(grid, self.num_clients, wait=self.rounds_started == 0)
         keys, weights, dtypes = global_model(arrays)
-        if (reason := self.releases.guard(self.budget, server_round)) is not None:
+        if (reason := self.releases.guard(self.account.budget, server_round)) is not None:
             self.stop_reason = reason
             log(WARNING, "configure_train: stopping before the round: %s", self.stop_reason)
             return []
@@ -354,7 +345,7 @@ class DPOverFlowerMean(ClientLevelDP):
         released = released_model(aggregated, planned)
 
         # Written ahead and accounted: the model leaves the server only after its log line is durable.
-        self.releases.release(self.budget, server_round, released.to_numpy_ndarrays(), self.secure)
+        self.releases.release(self.account.budget, server_round, released.to_numpy_ndarrays(), self.secure)
         epsilon = self.epsilon()
         log(INFO, "aggregate_train: released round %d, epsilon=%.4f at delta=%g after %d releases", server_round,
             epsilon, self.delta, self.rounds_released)  # fmt: skip
@@ -390,6 +381,6 @@ class DPOverFlowerMean(ClientLevelDP):
             return
         assert self.releases.log is not None
         check_release_dir(self.releases.log.path.parent, self.releases.logged, self.secure)
-        owed = self.releases.resume(self.budget, 0, 0)
+        owed = self.releases.resume(self.account.budget, 0, 0)
         log(WARNING, "ClientLevelDP: accounted %d earlier releases logged in %s (epsilon=%.4f)", len(owed),
             self.releases.log.path.parent, self.epsilon())  # fmt: skip

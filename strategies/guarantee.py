@@ -1,6 +1,7 @@
-"""What a run claims: ``run.json``'s guarantee around its :class:`~strategies.client_dp.PrivacyBudget`'s (which holds
-the ledger, the budget guard and the accounting of each release), the mechanism's parameters, the statistics the
-run publishes, and the summary it logs. A part of :class:`strategies.base.FederatedStrategy` (a mixin over its
+"""What a run claims: ``run.json``'s guarantee, its :class:`~strategies.client_dp.PrivacyAccount`'s (the budget:
+the ledger, the guard and the accounting of each release; the mechanism's parameters; the randomness's sources, the
+same claim as ClientLevelDP's layer over Flower's strategies) with the statistics the run publishes, and the summary
+it logs. A part of :class:`strategies.base.FederatedStrategy` (a mixin over its
 fields), kept apart so the round's skeleton reads on its own."""
 
 from __future__ import annotations
@@ -57,38 +58,23 @@ class Guarantee:
         return None if self.ledger is None else self.ledger.accountant
 
     def dp_guarantee(self) -> dict[str, Any]:
-        """The run's DP claim, as written into ``run.json``: the ledger's account, the mechanism's parameters."""
-        if self.budget is None:
+        """The run's DP claim, as written into ``run.json``: its account's (client_dp/account.py: the ledger's ε,
+        the mechanism's parameters, the sources of the randomness), the statistics it publishes, the population."""
+        if self.account is None:
             statistics = statistics_claim(self.statistics, self.clipping)
             return {"dp_guarantee": "none: non-private reference", "client_statistics": statistics}
         # A canary audit that contradicts the claim is stated with it, never left out.
         warning = None if self.auditor is None else self.auditor.warning()
         return {
-            **self.budget.claim(self.not_covered_reason(), warning),
-            **self.mechanism_claim(),
+            **self.account.claim(self.randomness, self.mechanism_claim(), self.not_covered_reason(), warning),
             "client_statistics": statistics_claim(self.statistics, self.clipping),
-            "noise_source": self.noise_source,
-            "sampling_source": self.randomness.source(),
-            "noise_stream": self.randomness.noise_stream_claim(),
             **population_claim(self.run_settings, self.config.population),
         }
 
     def mechanism_claim(self) -> dict[str, Any]:
-        """The parameters of the mechanism the ledger accounts (``run.json``)."""
-        p = self.config.privacy
-        # How C was chosen: fixed, or adaptive with its parameters, the latest C and the update's share of σ.
-        clipping = self.clipping.claim()
-        if self.adaptive_clipping:
-            clipping["update_noise_multiplier"] = self.noise_multiplier
-        return {
-            "noise_multiplier": self.noise_multiplier,
-            "accounted_noise_multiplier": self.accounted_noise_multiplier,
-            "clip_norm": p.clip_norm,
-            "clipping": clipping,
-            "sample_rate": p.sample_rate,
-            "expected_clients": self.expected_clients,
-            "placement": p.placement,
-        }
+        """The parameters of the mechanism the ledger accounts (``run.json``): the account's, for the subsampled
+        Gaussian mechanism; a mechanism of its own states its own."""
+        return {} if self.account is None else self.account.mechanism()
 
     def not_covered_reason(self) -> str | None:
         """Why the accountant's ε does not cover this configuration (None = it does)."""

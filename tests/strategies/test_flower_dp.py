@@ -649,8 +649,8 @@ def test_the_accountant_accounts_every_release_and_answers_flowers_questions() -
 
 def test_releases_compose_our_strategies_privacy_events_through_the_same_ledger() -> None:
     strategy, reference = wrapper(), ours()
-    assert strategy.budget.events(SIGMA, 0.5) == reference.budget.events(SIGMA, 0.5)
-    assert strategy.budget.events(SIGMA, 0.5) == [SampledGaussianEvent(SIGMA, 0.5)]
+    assert strategy.account.budget.events(SIGMA, 0.5) == reference.budget.events(SIGMA, 0.5)
+    assert strategy.account.budget.events(SIGMA, 0.5) == [SampledGaussianEvent(SIGMA, 0.5)]
     Strategy.start(strategy, ClientAppGrid(nodes=10), initial(), num_rounds=3)
     for _ in range(3):
         reference.budget.account()
@@ -695,6 +695,20 @@ def test_a_flower_accountant_instance_accounts_the_releases_as_it_does_for_our_s
 def test_a_flower_accountant_that_cannot_account_the_run_is_refused_at_construction(make, error, match) -> None:
     with pytest.raises(error, match=match):
         wrapper(**make())
+
+
+def test_both_layers_state_one_run_json_claim_from_one_account() -> None:
+    """ClientLevelDP over Flower's FedAvg and our DP-FedAvg with the same settings: the same account (client_dp/
+    account.py), so the same claim, key for key and value for value, beside what only the Flower layer adds."""
+    strategy, reference = wrapper(), ours()
+    ours_claim = reference.dp_guarantee()
+    flower_claim = strategy.dp_guarantee()
+    flower_only = {"sampling", "num_clients", "noise_std", "not_covered"}
+    ours_only = {"client_statistics"}  # what our rounds publish about clients; the Flower layer publishes none
+    assert set(flower_claim) - flower_only == set(ours_claim) - ours_only
+    for key in set(ours_claim) - ours_only:
+        assert flower_claim[key] == ours_claim[key], key
+    assert type(strategy.account) is type(reference.account)
 
 
 def test_sigma_zero_runs_without_noise_and_states_epsilon_as_our_strategies_do(tmp_path: Path) -> None:
