@@ -109,6 +109,7 @@ EXCERPT_SOURCES = {
     "Halve": "tests/privacy/test_pipeline.py",
     "HalvedFedAvg": "tests/privacy/test_pipeline.py",
     "train": "tests/integration/mechanism_app/halved_app.py",
+    "query": "tests/integration/mechanism_app/halved_app.py",
 }
 
 
