@@ -144,8 +144,8 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         self.statistics = ClientStatistics(
             privacy.client_statistics, privacy.statistics_noise_multiplier or self.expected_clients / 20
         )
-        accounted = self.privacy is not None and self.supports_noisy_statistics  # by the sampled-Gaussian accountant
-        self.statistics.refuse_unaccounted_count(accounted, config.strategy.name)
+        sampled_gaussian = self.privacy is not None and self.supports_noisy_statistics  # what accounts a count
+        self.statistics.refuse_unaccounted_count(sampled_gaussian, config.strategy.name)
         #: C_t, the clip norm of the coming round (client_dp/clipping.py): fixed, or adaptive clipping's.
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, may_adapt=self.privacy is not None)
         #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
