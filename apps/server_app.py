@@ -32,6 +32,7 @@ from fl_app.core.atomic import atomic_write
 from fl_app.metrics import MetricsWriter, write_json_atomic
 from fl_app.models import build_model_for_dataset, get_weights, weight_names
 from fl_app.threads import limit_library_threads
+from strategies.auditing import audit_report
 from strategies.registry import NamedStrategy, build_strategy
 from strategies.settings import is_simulation
 
@@ -176,7 +177,7 @@ def _finish_run_file(run_file: RunFile, strategy: NamedStrategy, result: Result)
     report and the guarantee of everything released."""
     evaluated = result.evaluate_metrics_serverapp
     final_metrics = dict(evaluated[max(evaluated)]) if evaluated else {}
-    if (audit := strategy.audit_report()) is not None:
+    if (audit := audit_report(strategy.config, strategy.auditor)) is not None:
         run_file.meta["audit"] = audit
     run_file.update(
         status="stopped" if strategy.stop_reason else "completed",

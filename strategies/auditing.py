@@ -22,6 +22,7 @@ from fl_app.config import AppConfig
 from fl_app.instructions import STREAM_CLIENT_NOISE
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.pipeline import ClientStep, mechanisms_for, run_client_steps
+from strategies.client_dp.account import PrivacyAccount
 from strategies.rounds import RoundPlan
 
 
@@ -96,11 +97,11 @@ class CanaryAuditor:
         every = self.config.audit.every
         return server_round == num_rounds or bool(every and server_round % every == 0)
 
-    def evaluate(
-        self, server_round: int, epsilon: float | None, epsilon_at: Callable[[float], float] | None
-    ) -> dict[str, Any]:
-        """Score the canaries after ``server_round``; a lower bound above the accountant's ε is a privacy bug.
-        Returns the round record's ``audit_*`` fields."""
+    def evaluate(self, server_round: int, account: PrivacyAccount | None) -> dict[str, Any]:
+        """Score the canaries after ``server_round`` against ``account``'s ledger (None: a plain run's, which has
+        none); a lower bound above the accountant's ε is a privacy bug. Returns the round record's ``audit_*``
+        fields."""
+        epsilon, epsilon_at = (None, None) if account is None else (account.epsilon(), account.ledger.epsilon_at)
         self.result = result = self.canaries.evaluate(server_round, epsilon_at)
         log(
             INFO,
@@ -149,12 +150,10 @@ class CanaryAuditor:
             return f"PRIVACY ALARM: the canary audit estimates epsilon >= {result.alarm_epsilon:.4g}"
         return None
 
-    def finish(
-        self, checkpoint_dir: Path | None, epsilon: float | None, epsilon_at: Callable[[float], float] | None
-    ) -> None:
+    def finish(self, checkpoint_dir: Path | None, account: PrivacyAccount | None) -> None:
         """Evaluate the audit once more if the run stopped early, save ``audit.npz``, drop the kept deltas."""
         if unscored := self.canaries.unscored_rounds():
-            self.evaluate(unscored[-1], epsilon, epsilon_at)
+            self.evaluate(unscored[-1], account)
         if checkpoint_dir is not None and self.result is not None:
             self.canaries.save(checkpoint_dir / AUDIT_FILE, self.result)
         self.canaries.finish()

@@ -19,6 +19,7 @@ the mechanism math lives in :mod:`fl_app.privacy`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from functools import cached_property, partial
@@ -38,7 +39,6 @@ from fl_app.empty_rounds import EmptyRoundWatch
 from fl_app.instructions import (
     LocalTrainingConfig,
     NoisyLocalConfig,
-    RecipeSpec,
     TrainInstructions,
     local_training_config,
 )
@@ -46,7 +46,7 @@ from fl_app.metrics import OPERATOR_FILE, MetricsWriter
 from fl_app.privacy.pipeline import Mechanism, mechanisms_for
 from strategies.aggregation import RoundInFlight
 from strategies.auditing import CanaryAuditor
-from strategies.client_dp import NoisyAverage, PrivacyAccount, PrivacyBudget
+from strategies.client_dp import NoisyAverage, PrivacyAccount
 from strategies.client_dp.clipping import ClipNorm, clip_norm_for
 from strategies.client_dp.placement import Placement, placement
 from strategies.client_dp.private_rounds import PrivateRounds
@@ -56,14 +56,14 @@ from strategies.client_dp.sampling import ClientSampler, client_sampler, fixed_d
 from strategies.cohorts import plan_cohorts
 from strategies.declarations import StrategyDeclarations
 from strategies.flower_step import server_step
-from strategies.guarantee import Guarantee
-from strategies.noise import accounted_noise_multiplier
+from strategies.guarantee import log_summary, population_claim, run_claim, statistics_claim
+from strategies.noise import NoiseMultipliers
 from strategies.observers import RoundObserver
 from strategies.population import Population
 from strategies.round_aggregator import RoundAggregator
 from strategies.rounds import RoundOutcome, RoundPlan, RunInstructions, train_messages
 from strategies.run_loop import RoundLoop
-from strategies.run_state import RunState
+from strategies.run_state import RunState, StateArrays
 from strategies.settings import CohortSize, RunSettings, check_cohort_engine, initial_cohort_size, is_simulation
 from strategies.statistics import ClientStatistics, released_line
 
@@ -72,7 +72,7 @@ from strategies.statistics import ClientStatistics, released_line
 AccountedFn = Callable[["FederatedStrategy"], None]
 
 
-class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, Strategy):
+class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
     """Sampling, validation, uniform aggregation, accounting, metrics: a plain algorithm, or (built with
     :class:`PrivateRounds`, as :class:`strategies.client_level_dp.ClientLevelDP` builds it) client-level DP rounds.
     What a subclass declares for the config and the registry: :class:`StrategyDeclarations`."""
@@ -126,7 +126,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         self._init_run_state(config)
         if resume_from is not None:
             # Before anything can read the guarantee (run.json's first write, a failure before the first round).
-            self._restore(resume_from)
+            self.run_state.restore(resume_from)
 
     def _init_privacy(self, config: AppConfig) -> None:
         """Client-level DP's objects (strategies/client_dp/): m, σ, the clip norm, the placement, what is published
@@ -153,15 +153,16 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         #: What the run's releases spend and what run.json states of it (client_dp/account.py; None: plain).
         self.account: PrivacyAccount | None = None
         if self.privacy is not None:
-            ledger = self.make_ledger()
-            self.noise_multiplier = self.calibrated_noise_multiplier()
-            accounted = accounted_noise_multiplier(self.noise_multiplier, self.clipping, self.statistics)
-            self.account = PrivacyAccount.for_rounds(ledger, self.mechanisms, privacy, self.noise_multiplier,
-                                                     accounted, self.clipping, self.expected_clients)  # fmt: skip
-        self.budget: PrivacyBudget | None = None if self.account is None else self.account.budget  # the guard
+            # A mechanism of its own states its ledger and σ; else the subsampled Gaussian mechanism's (noise.py).
+            ledger = self.make_ledger() or self.privacy.ledger(privacy, self.num_clients)
+            sigmas = NoiseMultipliers.for_run(config, self.statistics, self.clipping,
+                                              self.calibrated_noise_multiplier())
+            self.noise_multiplier = sigmas.update
+            self.account = PrivacyAccount.for_rounds(ledger, self.mechanisms, privacy, sigmas.update,
+                                                     sigmas.accounted, self.clipping, self.expected_clients)
         #: The released average over m, clipped and noised (client_dp/average.py); None: the plain mean of what arrived.
         self.noisy_average: NoisyAverage | None = None
-        if self.budget is not None and self.privacy is not None and self.privacy.server_average:
+        if self.account is not None and self.privacy is not None and self.privacy.server_average:
             # The draws of the run's randomness as resolved when the round runs (resolve_settings() replaces it).
             draws = lambda t, purpose: self.randomness.noise_rng(t, purpose)  # noqa: E731
             self.noisy_average = NoisyAverage(self.mechanisms, self.placement, self.clipping,
@@ -171,8 +172,6 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
     def _init_run_state(self, config: AppConfig) -> None:
         """What the run carries from round to round and resolves once: the round in flight, the releases, the
         settings and randomness of where the run happens, the cohort size, the audit."""
-        #: The global model the last aggregated round started from (Fed-SMP-topk's mask; checkpointed).
-        self.last_round_global: list[np.ndarray] = []
         #: The run's part of every round's instructions (:meth:`train_instructions`).
         self.run_instructions: RunInstructions | None = None
         #: The round configure_train planned and aggregate_train has not yet released (all the hooks share).
@@ -185,7 +184,10 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         #: Consecutive rounds in which nobody's update was accepted: the run fails after ``max_empty_rounds``.
         self.empty_rounds = EmptyRoundWatch(config.max_empty_rounds)
         #: The run's releases: the write-ahead log in ``checkpoint_dir``; seeded until resolve_settings().
-        self.releases = RunReleases(None if self.budget is None else self.checkpoint_dir, seeded=True)
+        self.releases = RunReleases(None if self.account is None else self.checkpoint_dir, seeded=True)
+        #: What a checkpoint stores and a resume restores, with the previous round's global model (run_state.py).
+        self.run_state = RunState(self.account, self.releases, self.clipping, self.sampler, self.server_optimizer,
+                                  self.mechanisms, keeps_previous_global=self.uses_previous_global)  # fmt: skip
         #: The settings resolved for where the run happens (strategies/settings.py): None until resolve_settings().
         self.run_settings: RunSettings | None = None
         #: The server's random sources; until resolve_settings(), "auto" is the seeded one.
@@ -201,7 +203,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
             return
         settings = RunSettings.resolve(self.config, simulation)
         if self.resume_from is not None:  # the randomness the checkpoint was made with, or refused
-            self.check_resume_randomness(self.resume_from, settings.secure_noise)
+            self.run_state.check_resume_randomness(self.resume_from, settings.secure_noise)
         self.randomness = replace(self.randomness, secure=settings.secure_noise, deployment=not settings.simulation)
         self.statistics = replace(self.statistics, mode=settings.client_statistics)
         self.cohort_size = settings.cohort_size
@@ -215,8 +217,8 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         if self._prepared:
             return
         self.resolve_settings(is_simulation(grid))
-        if self.budget is not None:  # a pipeline that makes no privacy event is refused before anything is released
-            self.budget.events()
+        if self.account is not None:  # a pipeline that makes no privacy event is refused before anything is released
+            self.account.budget.events()
         self.summary()
         log(INFO, "\tserver optimizer: %s", self.server_optimizer.describe())
         self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
@@ -230,39 +232,16 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
                 "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
         self._prepared = True
 
-    # ----- the client recipe and the round's shared mask (overridden by the sparsified / noisy methods) --------
-
-    def client_recipe(self) -> RecipeSpec:
-        """The recipe every client runs (sent as ``recipe.*``; :mod:`fl_app.privacy.pipeline` names its steps)."""
-        return RecipeSpec()
-
-    def server_mechanisms(self) -> tuple[Mechanism, ...]:
-        """Server-only steps after the recipe's (e.g. DP-FedSAM-topk's top-k of the noised average)."""
-        return ()
-
     @cached_property
     def mechanisms(self) -> tuple[Mechanism, ...]:
         """The round's privacy pipeline: the recipe's mechanisms, then the server-only ones. Clients run their
         client steps; :meth:`combine` runs every server step on the average, in this order. Built once, so a
         mechanism may hold state across rounds (``state_dict`` / ``load_state_dict``: checkpointed and resumed by
-        :meth:`state` / :meth:`load_state`)."""
+        :class:`~strategies.run_state.RunState`)."""
         return mechanisms_for(self.client_recipe()) + self.server_mechanisms()
 
-    def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:
+    def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:  # the clients' local procedure
         return local_training_config(self.config, self.local_optimizer)
-
-    def round_mask(
-        self, server_round: int, global_weights: list[np.ndarray], previous_global: list[np.ndarray]
-    ) -> list[np.ndarray] | None:
-        """A public, data-independent mask shared by every client this round (None = dense), from the round's global
-        model and the one the previous round started from ([] before the first)."""
-        return None
-
-    @property
-    def uses_previous_global(self) -> bool:
-        """Whether :meth:`round_mask` reads ``previous_global`` (then a checkpoint stores it, for the resumed run's
-        first mask)."""
-        return False
 
     # ----- sampling (docs/mechanisms.md, 1) -------------------------------------------------------------------
 
@@ -293,7 +272,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
             sampled = [int(pid) for pid in self.sample_clients(server_round, grid).tolist()]
         config = ConfigRecord() if config is None else config
         global_weights = arrays.to_numpy_ndarrays()
-        mask = self.round_mask(server_round, global_weights, self.last_round_global)
+        mask = self.round_mask(server_round, global_weights, self.run_state.previous_global)
         instructions = self.train_instructions(server_round)
         cohorts = plan_cohorts(self.config, self.local_training(), sampled, self.cohort_size, self.population.num_nodes)
         groups = cohorts if cohorts is not None else [[pid] for pid in sampled]
@@ -309,11 +288,13 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         if self.run_instructions is None:  # after the constructor: the recipe may read what it set
             self.run_instructions = RunInstructions(
                 self.config, self.client_recipe(), self.local_training(),
-                add_noise=self.budget is not None and self.placement.clients_add_noise,
-                noise_multiplier=0.0 if self.budget is None else self.noise_multiplier,
+                add_noise=self.account is not None and self.placement.clients_add_noise,
+                noise_multiplier=0.0 if self.account is None else self.noise_multiplier,
                 expected_clients=self.expected_clients,
             )  # fmt: skip
-        return self.run_instructions.for_round(server_round, self.client_clip_norm, self.secure_noise)
+        clips = self.account is not None and self.clips_updates  # 0 below: a plain algorithm's clients clip nothing
+        return self.run_instructions.for_round(server_round, self.clipping.clip_norm if clips else 0.0,
+                                               self.randomness.secure)  # fmt: skip
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -330,7 +311,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         if self.stop_reason is not None:
             return []
         # A seeded re-run of a released round repeats that release (already counted) or is refused: no new ε.
-        reason = None if self.budget is None else self.releases.guard(self.budget, server_round)
+        reason = None if self.account is None else self.releases.guard(self.account.budget, server_round)
         if reason is not None:
             self.stop_reason = reason
             log(WARNING, "Stopping before round %d: %s", server_round, reason)
@@ -346,7 +327,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         """Steps 5-6 (strategies/round_aggregator.py) over the strategy's objects as they stand (resolved)."""
         return RoundAggregator(self.num_clients, self.expected_clients, self.clipping, self.noisy_average,
                                self.server_optimizer, self.randomness, self.statistics, self.sampler, self.auditor,
-                               states_clip_norm=self.budget is not None)  # fmt: skip
+                               states_clip_norm=self.account is not None)  # fmt: skip
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -363,7 +344,7 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         in_flight.taken.take(replies)
         outcome = self.aggregator.aggregate_taken(in_flight.taken)
         # The round's end changes the strategy (planning does not): the next round's previous global model.
-        self.last_round_global = in_flight.plan.global_weights
+        self.run_state.previous_global = in_flight.plan.global_weights
         self._release(in_flight, outcome)
         # After the release is logged and accounted: a run in which nobody trains fails, with its ε stated.
         taken = in_flight.taken
@@ -378,17 +359,36 @@ class FederatedStrategy(StrategyDeclarations, Guarantee, RunState, RoundLoop, St
         server_round = in_flight.plan.server_round
         if self.auditor is not None:
             self.auditor.round_released(server_round, in_flight.plan.global_weights, outcome.new_weights)
-        if self.budget is not None:  # logged ahead and accounted (a seeded re-run's repeat: no new ε)
-            self.releases.release(self.budget, server_round, outcome.new_weights, self.secure_noise)
+        if self.account is not None:  # logged ahead and accounted (a seeded re-run's repeat: no new ε)
+            self.releases.release(self.account.budget, server_round, outcome.new_weights, self.randomness.secure)
         # Who was sent a message took part, whether or not it answered (the participation rule's record).
         self.sampler.round_released(server_round, [pid for _, ids in in_flight.plan.sent for pid in ids])
         if self.on_accounted is not None:
             self.on_accounted(self)
-        outcome.published = self.published_statistics(server_round, outcome.stats)
+        outcome.published = self.aggregator.published_statistics(server_round, outcome.stats)
         self.last_outcome = outcome
         if self.metrics is None:  # start() with a metrics writer prints its own line; any other loop gets this one
-            epsilon, delta = (None, None) if self.budget is None else (self.epsilon(), self.config.privacy.delta)
+            epsilon, delta = (None, None) if self.account is None else (self.epsilon(), self.config.privacy.delta)
             log(INFO, "Round %d released: %s", server_round, released_line(outcome.published, epsilon, delta))
+
+    def epsilon(self) -> float:
+        """ε spent so far at ``privacy.delta`` (inf for a plain algorithm, which guarantees nothing)."""
+        return math.inf if self.account is None else self.account.epsilon()
+
+    def dp_guarantee(self) -> dict[str, Any]:
+        """The run's DP claim, as written into ``run.json`` (:func:`strategies.guarantee.run_claim`)."""
+        warning = None if self.auditor is None else self.auditor.warning()
+        return run_claim(self.account, self.randomness, self.mechanism_claim(), self.not_covered_reason(), warning,
+                         statistics_claim(self.statistics, self.clipping),
+                         population_claim(self.run_settings, self.config.population))  # fmt: skip
+
+    def summary(self) -> None:
+        """Log the strategy's settings as the run starts (:func:`strategies.guarantee.log_summary`)."""
+        log_summary(type(self).__name__, self.local_optimizer, self.config.privacy, self.num_clients,
+                    self.expected_clients, self.account, self.randomness, self.not_covered_reason())  # fmt: skip
+
+    def state(self) -> tuple[dict[str, Any], StateArrays]:
+        return self.run_state.state(self.randomness, self.auditor)  # as resolved: the randomness, the audit
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -28,7 +28,9 @@ from flwr.serverapp import Grid, PrivacyAccountant
 from flwr.serverapp.strategy import Strategy
 
 from fl_app.config import AppConfig, DPConfig, compose_config, settings_overrides, validate
+from fl_app.privacy.ledger import PrivacyLedger
 from strategies.base import FederatedStrategy
+from strategies.client_dp.account import PrivacyAccount
 from strategies.client_dp.private_rounds import PrivateRounds
 
 #: The constructor keywords of a run beyond its config (:attr:`FederatedStrategy.run_arguments`).
@@ -77,6 +79,31 @@ class ClientLevelDP(Strategy):
         """Whether this subclass is the layer for ``strategy``."""
         return False
 
+    # ----- what the releases spent, the same for both kinds: the layer's account (client_dp/account.py) ----------
+
+    #: What the layer's releases spent and what ``run.json`` states of it (each kind has one).
+    account: PrivacyAccount
+
+    @property
+    def accountant(self) -> PrivacyAccountant:
+        """What accounts the releases, with Flower's ``PrivacyAccountant`` interface (``compose``, ``get_epsilon``,
+        ``would_exceed``, ``state_dict``): the one ``accountant=`` named, or the instance it was given."""
+        return self.account.accountant
+
+    @property
+    def ledger(self) -> PrivacyLedger:
+        """What the releases have spent, one privacy event per release."""
+        return self.account.ledger
+
+    @property
+    def rounds_released(self) -> int:
+        """Noisy models released and accounted (those of the run a resume continues, or logged earlier, included)."""
+        return self.account.rounds_released
+
+    def epsilon(self) -> float:
+        """ε spent so far at δ (∞ once a release without noise, σ = 0, is accounted)."""
+        return self.account.epsilon()
+
 
 def _kinds() -> list[type[ClientLevelDP]]:
     """The layer's kinds: the direct subclasses of :class:`ClientLevelDP` that say which strategies they wrap."""
@@ -95,7 +122,7 @@ class DPOverRounds(ClientLevelDP):
     ``ledger()`` accounts the releases: the budget guard, resumes and ``run.json`` follow it); the other keywords
     are ``privacy.*`` settings (``clip_norm``, ``noise_multiplier``, ``sample_rate``, ``delta``, ``target_epsilon``,
     ``max_epsilon``, ``placement``, ...), validated as the config validates them. Everything the rebuilt strategy
-    offers (``epsilon()``, ``dp_guarantee()``, ``accountant``, ``state()``, ...) is read through the layer.
+    offers (``dp_guarantee()``, ``account``, ``state()``, ...) is read through the layer.
     """
 
     def __init__(

@@ -30,7 +30,6 @@ from typing import Any, ClassVar
 
 from flwr.common.logger import log
 
-from fl_app.checkpoint import Checkpoint
 from fl_app.config import ConfigError, StrategyConfig, require
 from fl_app.core.choices import FACTORIZATIONS, PARTICIPATION_SAMPLINGS
 from fl_app.instructions import RecipeSpec
@@ -183,15 +182,16 @@ class DPFTRLFedAvg(PrivateByItsOwnMechanism):
         return (CorrelatedNoise(self.factorization),)
 
     def round_extras(self) -> dict[str, Any]:
-        assert isinstance(self.ledger, GDPLedger)
-        mu = self.ledger.mu
+        assert self.account is not None and isinstance(self.account.ledger, GDPLedger)
+        mu = self.account.ledger.mu
         refused = self.participation_sampler.refused_last_round
         return {"gdp_mu": mu, "zcdp_rho": mu * mu / 2, "participation_refused": refused}
 
     def mechanism_claim(self) -> dict[str, Any]:
-        bound = self.privacy_bound(max(self.ledger.rounds if self.ledger else 0, 1))
+        rounds = 0 if self.account is None else self.account.ledger.rounds
+        bound = self.privacy_bound(max(rounds, 1))
         return {
-            **super().mechanism_claim(),
+            **({} if self.account is None else self.account.mechanism()),
             "sampling": self.config.privacy.sampling,
             "participation_rule": self.rule.describe(),
             "min_separation": self.rule.min_separation,
@@ -199,7 +199,7 @@ class DPFTRLFedAvg(PrivateByItsOwnMechanism):
             "amplification": "none (the epsilon holds for every participation pattern the rule allows)",
             "factorization": {**self.factorization.to_dict(), "describe": self.factorization.describe()},
             "sensitivity": bound.sensitivity,
-            "zcdp_rho": bound.rho if self.ledger is not None and self.ledger.rounds else 0.0,
+            "zcdp_rho": bound.rho if rounds else 0.0,
             "adjacency": "zero-out (a client's updates replaced by zeros; each participation moves its round's "
             "average by at most C/m)",
         }
@@ -211,18 +211,6 @@ class DPFTRLFedAvg(PrivateByItsOwnMechanism):
             self.factorization.describe(), self.rule.describe(), self.config.privacy.sampling)  # fmt: skip
         log(INFO, "\tafter %d rounds: sensitivity %.4g, mu=%.4g-GDP => (%.4g, %.3g)-DP, rho=%.4g-zCDP",
             self.config.num_rounds, bound.sensitivity, bound.mu, bound.epsilon, bound.delta, bound.rho)  # fmt: skip
-
-    # ----- resumes ---------------------------------------------------------------------------------------------
-
-    def _restore(self, checkpoint: Checkpoint) -> None:
-        logged = int(checkpoint.strategy_state.get("releases_logged", 0))
-        if any(release.randomness != "seeded" for release in self.releases.owed_after(logged)):
-            raise ConfigError(
-                f"resume: rounds after the checkpoint (round {checkpoint.round}) were released with CSPRNG noise; "
-                "DP-FTRL cannot release those rows of its factorization again with fresh noise (outside its "
-                "accounting). Resume from a checkpoint of the last released round (checkpoint_every=1)"
-            )
-        super()._restore(checkpoint)
 
 
 class DPFTRLFedSAM(DPFTRLFedAvg):

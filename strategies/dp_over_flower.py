@@ -219,26 +219,6 @@ class DPOverFlowerMean(ClientLevelDP):
         """Where sampling and noise come from (the release log's ``randomness``)."""
         return "os-csprng" if self.secure else "seeded"
 
-    @property
-    def rounds_released(self) -> int:
-        """Noisy models released (and accounted), earlier releases logged in ``release_dir`` included."""
-        return self.account.rounds_released
-
-    @property
-    def ledger(self) -> SampledGaussianLedger:
-        """What the releases have spent (the account's ledger)."""
-        return self.account.ledger  # type: ignore[return-value]  (built by _budget)
-
-    @property
-    def accountant(self) -> PrivacyAccountant:
-        """What accounts the releases, with Flower's ``PrivacyAccountant`` interface (``compose``, ``get_epsilon``,
-        ``would_exceed``, ``state_dict``): the one ``accountant=`` named, or the instance it was given."""
-        return self.account.accountant
-
-    def epsilon(self) -> float:
-        """ε spent so far at δ (∞ once a release without noise, σ = 0, is accounted)."""
-        return self.account.epsilon()
-
     def dp_guarantee(self) -> dict[str, Any]:
         """The guarantee of the models released so far and the mechanism's parameters: our strategies' ``run.json``
         claim (:meth:`strategies.client_dp.PrivacyAccount.claim`), and what the wrapper adds (the population, the

@@ -9,6 +9,7 @@ adaptive clipping's count (Andrew et al. 2021, Thm. 1; strategies/client_dp/clip
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
 from flwr.common.logger import log
@@ -18,6 +19,24 @@ from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accountants import calibrate_noise_multiplier
 from strategies.client_dp.clipping import AdaptiveClipNorm, ClipNorm
 from strategies.statistics import ClientStatistics
+
+
+@dataclass(frozen=True)
+class NoiseMultipliers:
+    """A private run's noise multipliers, computed once: σ of the update (what the clients or the server add, in
+    units of C/m) and the σ the ledger composes (the joint one where a noisy count is released beside the update)."""
+
+    update: float
+    accounted: float
+
+    @classmethod
+    def for_run(
+        cls, config: AppConfig, statistics: ClientStatistics, clipping: ClipNorm, own: float | None = None
+    ) -> NoiseMultipliers:
+        """The run's multipliers: the update's is ``own`` where a mechanism of its own calibrates it (DP-FTRL's
+        factorization), else :func:`update_noise_multiplier`'s."""
+        sigma = update_noise_multiplier(config, statistics, clipping) if own is None else own
+        return cls(sigma, accounted_noise_multiplier(sigma, clipping, statistics))
 
 
 def update_noise_multiplier(config: AppConfig, statistics: ClientStatistics, clipping: ClipNorm) -> float:

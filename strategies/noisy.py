@@ -69,6 +69,7 @@ class NoisyFedAvg(PrivateByItsOwnMechanism):
         "there is no update clip norm C for adaptive clipping to move"
     )
     algorithm: ClassVar[str] = "noisy_fedavg"
+    clips_updates = False  # each local gradient is clipped to V instead
     own_bound = "the GDP bound of seed 004 (Thm 3 / Thm 4) of the number of releases"
     server_average = False  # the clients noise their models; the server takes the plain mean of what arrived
 
@@ -103,8 +104,8 @@ class NoisyFedAvg(PrivateByItsOwnMechanism):
         )
 
     def round_extras(self) -> dict[str, Any]:
-        assert isinstance(self.ledger, GDPLedger)
-        return {"gdp_mu": self.ledger.mu}
+        assert self.account is not None and isinstance(self.account.ledger, GDPLedger)
+        return {"gdp_mu": self.account.ledger.mu}
 
     def not_covered_reason(self) -> str | None:
         if self.prox_coef or self.config.strategy.lr_schedule in ("constant", "cyclic"):
@@ -125,10 +126,6 @@ class NoisyFedAvg(PrivateByItsOwnMechanism):
         }
 
     # --- client recipe and aggregation ------------------------------------------------------------------------
-
-    @property
-    def client_clip_norm(self) -> float:
-        return 0.0  # each local gradient is clipped to V instead
 
     def client_recipe(self) -> RecipeSpec:
         return RecipeSpec(kind="noisy_model", noise_std=self.config.strategy.noise_std)

@@ -11,13 +11,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import partial
 from logging import WARNING
+from typing import Any
 
 import numpy as np
 from flwr.app import Message
 from flwr.common.logger import log
 
-from fl_app.instructions import STREAM_ADAPTIVE_CLIP, STREAM_CANARY_SAMPLING
+from fl_app.instructions import STREAM_ADAPTIVE_CLIP, STREAM_CANARY_SAMPLING, STREAM_STATISTICS
 from fl_app.privacy import mechanisms as mech
 from fl_app.server_optimizers import ServerOptimizer
 from strategies.aggregation import RoundReplies
@@ -72,6 +74,12 @@ class RoundAggregator:
         """Step 5 for ``plan``'s replies, fed as they arrive (:meth:`RoundReplies.take`: bind, screen, admit);
         :meth:`aggregate_taken` then finishes the round."""
         return RoundReplies(plan, self.admit, self._log_rejection)
+
+    def published_statistics(self, server_round: int, stats: dict[str, Any]) -> dict[str, Any]:
+        """The round's statistics as ``privacy.client_statistics`` allows them to be published (a noisy count is
+        drawn from the round's statistics stream)."""
+        rng = partial(self.randomness.noise_rng, server_round, STREAM_STATISTICS)  # drawn only for a noisy count
+        return self.statistics.published(stats, self.expected_clients, self.clipping.adaptive, rng)
 
     def aggregate_taken(self, taken: RoundReplies) -> RoundOutcome:
         """Step 6 over what :meth:`receiver` took: the canaries, the sum over m, noise, the server step."""

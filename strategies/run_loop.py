@@ -33,7 +33,8 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 
 
 class RoundLoop:
-    """Flower's ``start()`` for :class:`strategies.base.FederatedStrategy` (a mixin over its fields and hooks)."""
+    """Flower's ``start()`` for :class:`strategies.base.FederatedStrategy`: :func:`run_rounds` over its hooks, the
+    strategy handed to it as an explicit argument."""
 
     def start(
         self,
@@ -110,7 +111,8 @@ def run_rounds(
         completed.flush()
     if initial_pending:  # no round ran (the budget guard stopped the first)
         _evaluate_initial(evaluate_fn, initial_arrays, result)
-    strategy.finish_audit(strategy.checkpoint_dir, num_rounds)
+    if strategy.auditor is not None:  # scored once more if the run stopped early, saved, its deltas dropped
+        strategy.auditor.finish(strategy.checkpoint_dir, strategy.account)
     return result
 
 
@@ -179,7 +181,7 @@ def _evaluated_record(
     metrics (Flower's ``evaluate_metrics_serverapp`` and ``train_metrics_clientapp``) for the round."""
     record = _round_record(strategy, server_round, outcome)
     if strategy.auditor is not None and strategy.auditor.due(server_round, num_rounds):
-        record.update(strategy.evaluate_audit(server_round))
+        record.update(strategy.auditor.evaluate(server_round, strategy.account))
     evaluated = None
     if evaluate_fn is not None and (server_round % strategy.config.eval_every == 0 or server_round == num_rounds):
         evaluated = evaluate_fn(server_round, result.arrays)
@@ -254,7 +256,7 @@ def _observers(strategy: RoundLoop, num_rounds: int) -> list[RoundObserver]:
 
 def _round_record(strategy: RoundLoop, server_round: int, outcome: RoundOutcome) -> dict[str, Any]:
     """Step 8's record before evaluation: the statistics as published, the strategy's extras, the guarantee so far."""
-    accounted = strategy.budget is not None
+    accounted = strategy.account is not None
     published = outcome.published
     record: dict[str, Any] = {"round": server_round, **published, **strategy.round_extras()}
     record["epsilon"] = strategy.epsilon() if accounted else None

@@ -132,6 +132,11 @@ class CorrelatedNoise(Mechanism):
         self.releases = 0
         self._vectors: np.ndarray | None = None
 
+    def rerelease_refusal(self) -> str | None:
+        # Round t's noise is row t of C⁻¹z: a second draw for that row is outside the factorization's analysis.
+        return ("DP-FTRL cannot release those rows of its factorization again with fresh noise (outside its "
+                "accounting)")  # fmt: skip
+
     def server_step(self, average: NDArrays, step: ServerStep) -> NDArrays:
         if self.releases >= self.factorization.rounds:
             raise RuntimeError(

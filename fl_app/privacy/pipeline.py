@@ -108,6 +108,12 @@ class Mechanism:
         releases nothing of its own — clipping, masks and post-processing)."""
         return None
 
+    def rerelease_refusal(self) -> str | None:
+        """Why a round this mechanism released with OS-CSPRNG noise cannot be released again with fresh noise
+        (a resume re-runs the rounds after its checkpoint), or None: each re-release is a new event the ledger
+        composes."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """What a checkpoint stores of this mechanism ({} = stateless)."""
         return {}

@@ -69,6 +69,11 @@ class PrivacyAccount:
         return self.budget.accountant
 
     @property
+    def accounted_noise_multiplier(self) -> float:
+        """The σ the ledger composes: the update's, or the joint one where a noisy count is released with it."""
+        return self.budget.noise_multiplier
+
+    @property
     def rounds_released(self) -> int:
         """Distinct noisy models released and accounted (those of the run a resume continues included)."""
         return self.budget.released
@@ -84,7 +89,7 @@ class PrivacyAccount:
             clipping["update_noise_multiplier"] = self.noise_multiplier
         return {
             "noise_multiplier": self.noise_multiplier,
-            "accounted_noise_multiplier": self.budget.noise_multiplier,
+            "accounted_noise_multiplier": self.accounted_noise_multiplier,
             "clip_norm": self.clip_norm,
             "clipping": clipping,
             "sample_rate": self.sample_rate,

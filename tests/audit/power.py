@@ -155,7 +155,7 @@ def audit_run(
                      *weakening.overrides)  # fmt: skip
     with weakening.patch():
         strategy.start(ClientPathGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=rounds)
-    result = strategy.audit_result
+    result = strategy.auditor.result
     assert result is not None
     return result
 

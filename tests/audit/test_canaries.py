@@ -23,6 +23,7 @@ from fl_app.checkpoint import load_checkpoint
 from fl_app.config import CONF_DIR, ConfigError, compose_config
 from fl_app.privacy import audit as stats
 from fl_app.privacy import mechanisms as mech
+from strategies.auditing import audit_report
 from strategies.base import FederatedStrategy
 from tests.audit.power import ClientPathGrid
 from tests.helpers import CrashInRound, FakeGrid, build, flat, partition_of, reply, with_norm, zeros
@@ -99,16 +100,17 @@ def test_canaries_change_neither_sampling_nor_sigma_m_epsilon_nor_the_real_clien
     plain_grid, audited_grid = HonestGrid(), HonestGrid()
     plain = _run(grid=plain_grid)
     audited = _run("audit=canaries", "audit.canaries=200", grid=audited_grid)
-    assert audited.canaries is not None and audited.audit_result is not None
+    assert audited.auditor.canaries is not None and audited.auditor.result is not None
     assert plain_grid.sent == audited_grid.sent  # the same real clients, every round
     assert audited.noise_multiplier == plain.noise_multiplier
     assert audited.expected_clients == plain.expected_clients == 10.0
     assert audited.epsilon() == plain.epsilon()
-    assert audited.audit_result.accountant_epsilon == plain.epsilon()
+    assert audited.auditor.result.accountant_epsilon == plain.epsilon()
     # Same seed, same noise, same real updates: the models differ by exactly the canaries' C·u_i / m.
-    canaries = [i for t in range(1, 4) for i in audited.canaries.participants(t)]
+    canaries = [i for t in range(1, 4) for i in audited.auditor.canaries.participants(t)]
     assert canaries, "no canary joined: the test would not test anything"
-    expected = sum(stats.canary_direction(audited.canaries.seed, i, D).astype(np.float64) * C / 10.0 for i in canaries)
+    seed = audited.auditor.canaries.seed
+    expected = sum(stats.canary_direction(seed, i, D).astype(np.float64) * C / 10.0 for i in canaries)
     difference = flat(audited.final_weights) - flat(plain.final_weights)
     np.testing.assert_allclose(difference, expected, atol=1e-6)
 
@@ -117,7 +119,7 @@ def test_canaries_join_with_probability_q_and_half_of_them_are_inserted() -> Non
     strategy = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.25", "audit=canaries",
                      "audit.canaries=2000")  # fmt: skip
     strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=20)
-    audit = strategy.canaries
+    audit = strategy.auditor.canaries
     assert audit is not None
     inserted = int(audit.inserted.sum())
     assert abs(inserted - 1000) < 4 * math.sqrt(500)
@@ -127,7 +129,7 @@ def test_canaries_join_with_probability_q_and_half_of_them_are_inserted() -> Non
     again = build("strategy=dp_fedavg", "dataset.num_clients=20", "privacy.sample_rate=0.25", "audit=canaries",
                   "audit.canaries=2000")  # fmt: skip
     again.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=3)
-    assert again.canaries.participants(3) == audit.participants(3)  # seeded: a pure function of (seed, round)
+    assert again.auditor.canaries.participants(3) == audit.participants(3)  # seeded: a pure function of (seed, round)
 
 
 @pytest.mark.parametrize("sampling", ["poisson", "fixed"])
@@ -146,7 +148,7 @@ def test_canaries_are_drawn_by_the_code_that_samples_the_real_clients(sampling: 
                 patch.setattr(mech, "poisson_sample", lambda n, q, rng: real_poisson(n, min(1.0, 3 * q), rng))
                 patch.setattr(mech, "fixed_size_sample", lambda n, k, rng: real_fixed(n, min(n, 3 * k), rng))
             strategy.start(grid, ArrayRecord(zeros(SHAPES)), num_rounds=10)
-        audit = strategy.canaries
+        audit = strategy.auditor.canaries
         assert audit is not None
         rate = float(np.mean([len(audit.participants(t)) for t in range(1, 11)])) / int(audit.inserted.sum())
         return rate, grid.sent
@@ -182,7 +184,7 @@ def test_a_canary_takes_the_client_mechanism_path_of_its_strategy(strategy: str,
     assert updates
     for index, update in updates:
         assert mech.global_l2_norm(update) <= C  # canary_scale = 10: the clip cut it from 10C to C
-        raw = s.canaries.update(index)
+        raw = s.auditor.canaries.update(index)
         assert mech.global_l2_norm(raw) == pytest.approx(10 * C, rel=1e-5)
         if plan.mask is not None:  # Fed-SMP: nothing outside the round's mask
             outside = flat(mech.apply_mask(update, [~m for m in plan.mask]))
@@ -204,7 +206,7 @@ def test_the_correct_mechanism_is_not_a_violation() -> None:
     noisy (fitting two variances at small δ), so what must hold is that their intervals reach the accountant's ε,
     not the point values (the bare-mechanism accuracy of the estimate is pinned in tests/privacy/test_audit.py)."""
     strategy = _run(*AUDITED, rounds=5)
-    result = strategy.audit_result
+    result = strategy.auditor.result
     assert result is not None and result.round == 5
     assert not result.violation
     assert result.lower_bound.delta == 1e-5  # min(δ, 0.01 / K)
@@ -223,11 +225,11 @@ def test_noise_switched_off_while_the_accountant_counts_sigma_is_a_violation(
     monkeypatch.setattr(mech, "gaussian_noise_std", no_noise)
     monkeypatch.setattr(mech.noise, "gaussian_noise_std", no_noise)  # the package's own callers (the client top-up)
     strategy = _run(*AUDITED, rounds=5)
-    result = strategy.audit_result
+    result = strategy.auditor.result
     assert result is not None and result.violation
     assert result.lower_bound.epsilon > result.accountant_epsilon
     assert "PRIVACY VIOLATION" in caplog.text
-    assert strategy.audit_report()["violation"] is True
+    assert audit_report(strategy.config, strategy.auditor)["violation"] is True
 
 
 def test_a_client_path_that_skips_the_clip_is_a_violation(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -235,14 +237,14 @@ def test_a_client_path_that_skips_the_clip_is_a_violation(monkeypatch: pytest.Mo
     each canary claims an update of 100·C, which only the client clip holds to C."""
     overrides = (*AUDITED, "privacy.placement=client", "privacy.sampling=fixed", "privacy.noise_multiplier=10",
                  "audit.canary_scale=100")  # fmt: skip
-    assert not _run(*overrides, rounds=5, grid=ClientPathGrid()).audit_result.violation  # the clip holds it to C
+    assert not _run(*overrides, rounds=5, grid=ClientPathGrid()).auditor.result.violation  # the clip holds it to C
 
     def no_clip(update: list[np.ndarray], c: float) -> tuple[list[np.ndarray], float]:
         return [np.array(u) for u in update], 0.0
 
     monkeypatch.setattr("clients.recipes.mech.clip_update", no_clip)
     monkeypatch.setattr(mech.clipping, "clip_update", no_clip)  # the package's own callers (reclip)
-    result = _run(*overrides, rounds=5, grid=ClientPathGrid()).audit_result
+    result = _run(*overrides, rounds=5, grid=ClientPathGrid()).auditor.result
     assert result is not None and result.violation
 
 
@@ -255,7 +257,7 @@ def test_audit_npz_recomputes_to_what_the_run_reported_and_plots(tmp_path: Path,
     assert not list((tmp_path / "audit").glob("delta_*.npy"))  # dropped once the audit is saved
     assert audit_main([str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out.split("\nwrote ")[0])
-    expected = {"round": 3, "accountant_epsilon": strategy.epsilon(), **strategy.audit_result.record()}
+    expected = {"round": 3, "accountant_epsilon": strategy.epsilon(), **strategy.auditor.result.record()}
     assert printed.pop("audit_violation") is expected.pop("audit_violation") is False
     assert printed == pytest.approx(expected)
     assert (tmp_path / "audit.png").stat().st_size > 10_000
@@ -270,18 +272,18 @@ def test_sparse_canaries_insert_their_sparse_direction_and_recompute_from_audit_
     sparse = _run(
         "audit=canaries", "audit.canaries=200", "audit.support=50", grid=HonestGrid(), checkpoint_dir=tmp_path
     )
-    assert sparse.canaries is not None and sparse.audit_result is not None
-    canaries = [i for t in range(1, 4) for i in sparse.canaries.participants(t)]
+    assert sparse.auditor.canaries is not None and sparse.auditor.result is not None
+    canaries = [i for t in range(1, 4) for i in sparse.auditor.canaries.participants(t)]
     assert canaries
     for index in canaries[:3]:
-        assert np.count_nonzero(flat(sparse.canaries.update(index))) == 50
-    directions = (stats.sparse_canary_direction(sparse.canaries.seed, i, D, 50) for i in canaries)
+        assert np.count_nonzero(flat(sparse.auditor.canaries.update(index))) == 50
+    directions = (stats.sparse_canary_direction(sparse.auditor.canaries.seed, i, D, 50) for i in canaries)
     expected = sum(stats.to_dense(idx, val, D).astype(np.float64) * C / 10.0 for idx, val in directions)
     np.testing.assert_allclose(flat(sparse.final_weights) - flat(plain.final_weights), expected, atol=1e-6)
     assert audit_main([str(tmp_path)]) == 0
     printed = json.loads(capsys.readouterr().out.split("\nwrote ")[0])
-    assert printed["audit_eps_estimate_final"] == pytest.approx(sparse.audit_result.estimate_final.epsilon)
-    assert printed["audit_eps_lower_bound"] == pytest.approx(sparse.audit_result.lower_bound.epsilon)
+    assert printed["audit_eps_estimate_final"] == pytest.approx(sparse.auditor.result.estimate_final.epsilon)
+    assert printed["audit_eps_lower_bound"] == pytest.approx(sparse.auditor.result.lower_bound.epsilon)
 
 
 def test_a_sparse_support_larger_than_the_model_is_refused() -> None:
@@ -305,5 +307,5 @@ def test_a_resumed_run_audits_like_an_uninterrupted_one(tmp_path: Path) -> None:
     checkpoint = load_checkpoint(first)
     assert checkpoint is not None and checkpoint.round == 3
     resumed = _run(*run, rounds=5, checkpoint_dir=first, resume_from=checkpoint)
-    assert resumed.audit_result is not None and whole.audit_result is not None
-    assert resumed.audit_result.record() == whole.audit_result.record()
+    assert resumed.auditor.result is not None and whole.auditor.result is not None
+    assert resumed.auditor.result.record() == whole.auditor.result.record()

@@ -34,7 +34,7 @@ def test_secure_canaries_are_keyed_by_a_secret_the_clients_do_not_get(tmp_path: 
     strategy = build(*RUN, "privacy.secure_noise=true", checkpoint_dir=tmp_path)
     grid = RecordingGrid()
     strategy.start(grid, ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=1)
-    key = strategy.canaries.seed
+    key = strategy.auditor.canaries.seed
     sent = [TrainInstructions.from_config(config) for config in grid.configs]
     assert sent and all(ins.data.partition_seed == 12345 for ins in sent)  # the layout's seed goes out
     assert key != 12345  # the canaries' key is not it
@@ -42,10 +42,10 @@ def test_secure_canaries_are_keyed_by_a_secret_the_clients_do_not_get(tmp_path: 
 
     resumed = build(*RUN, "privacy.secure_noise=true", checkpoint_dir=tmp_path, resume_from=load_checkpoint(tmp_path))
     resumed.start(RecordingGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=2)
-    assert resumed.canaries.seed == key  # the same canaries after a resume
+    assert resumed.auditor.canaries.seed == key  # the same canaries after a resume
 
 
 def test_a_seeded_simulation_keys_its_canaries_by_the_seed() -> None:
     strategy = build(*RUN)
     strategy.start(FakeGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=1)
-    assert strategy.canaries.seed == 12345
+    assert strategy.auditor.canaries.seed == 12345

@@ -188,7 +188,7 @@ def test_client_level_dp_fedadam_takes_a_numpy_clients_state_dict_replies_and_it
     # Every reply bound, screened and accepted (before: every one rejected as "shape"); the release accounted.
     counts = strategy.last_round_counts
     assert counts is not None and counts["accepted"] == 2 and sum(counts["rejected"].values()) == 0
-    assert strategy.rounds_released == 2
+    assert strategy.account.rounds_released == 2
     assert list(result.arrays.keys()) == keys
     # The nodes evaluated the released model; FedAdam's mean of their metrics, each reply of unit weight
     # (ClientLevelDP): loss 1 + partition and accuracy 0.25 * partition over partitions 0..3.

@@ -53,7 +53,7 @@ def main(grid: Grid, context: Context) -> None:
             "evaluated": sorted(result.evaluate_metrics_serverapp),
             "train_metrics_rounds": sorted(result.train_metrics_clientapp),
             "moved": max(float(np.abs(a - b).max()) for a, b in zip(final, initial)),
-            "noise_source": strategy.noise_source,
+            "noise_source": strategy.dp_guarantee()["noise_source"],
         }, fh)
 
 

@@ -60,16 +60,16 @@ def test_a_count_noise_too_small_for_the_noise_multiplier_is_refused_before_any_
     # m = 5: default σ_b = 0.25, 2σ_b = 0.5 < σ = 0.95.
     with pytest.raises(ConfigError, match="clipped_count_stddev"):
         build(*ADAPTIVE, "privacy.sample_rate=0.1")
-    assert build(*ADAPTIVE, "privacy.sample_rate=0.1", "privacy.clipped_count_stddev=2.0").clipped_count_stddev == 2.0
+    assert build(*ADAPTIVE, "privacy.sample_rate=0.1", "privacy.clipped_count_stddev=2.0").clipping.count_stddev == 2.0
 
 
 def test_fixed_clipping_is_the_default_and_keeps_c():
     strategy = build("strategy=dp_fedavg", "dataset.num_clients=50", "privacy.sample_rate=0.2")
-    assert strategy.config.privacy.clipping == "fixed" and not strategy.adaptive_clipping
+    assert strategy.config.privacy.clipping == "fixed" and not strategy.clipping.adaptive
     outcome = _round(strategy, [1.0] * 10)
-    assert strategy.clip_norm == strategy.config.privacy.clip_norm == outcome.stats["clip_norm"]
+    assert strategy.clipping.clip_norm == strategy.config.privacy.clip_norm == outcome.stats["clip_norm"]
     assert "fraction_clipped_noisy" not in outcome.stats
-    assert strategy.accounted_noise_multiplier == strategy.config.privacy.noise_multiplier
+    assert strategy.account.accounted_noise_multiplier == strategy.config.privacy.noise_multiplier
 
 
 # ----- the round ---------------------------------------------------------------------------------------------------
@@ -84,8 +84,8 @@ def test_every_dp_strategy_moves_c_and_uses_c_t_everywhere(name):
     c1 = 0.2 * math.exp(0.2 * (1.0 - 0.5))
     assert first.stats["clip_norm"] == 0.2
     assert first.stats["fraction_clipped_noisy"] == pytest.approx(1.0, abs=1e-9)
-    assert strategy.clip_norm == pytest.approx(c1, rel=1e-8)
-    c1 = strategy.clip_norm
+    assert strategy.clipping.clip_norm == pytest.approx(c1, rel=1e-8)
+    c1 = strategy.clipping.clip_norm
     assert first.stats["clip_norm_next"] == c1
     grid = FakeGrid()
     strategy.population.connect(grid, 1.0)
@@ -105,11 +105,11 @@ def test_server_noise_uses_the_c_the_updates_were_clipped_at():
     sigma_update = strategy.noise_multiplier
     plan = prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=1)
     strategy.aggregator.aggregate(plan, [reply(i, with_norm(shapes, 3.0, seed=i)) for i in range(10)])
-    c_t = strategy.clip_norm
+    c_t = strategy.clipping.clip_norm
     assert c_t != 0.2
     plan = prime(strategy, [np.zeros(s, dtype=np.float32) for s in shapes], sampled=10, server_round=2)
     outcome = strategy.aggregator.aggregate(plan, [reply(i, zeros(shapes), pre_clip_norm=0.0) for i in range(10)])
-    assert strategy.clip_norm != c_t
+    assert strategy.clipping.clip_norm != c_t
     assert outcome.new_weights[0].std() == pytest.approx(sigma_update * c_t / 10, rel=0.01)  # 200k draws: ~0.2%
 
 
@@ -119,7 +119,7 @@ def test_the_released_fraction_comes_from_its_own_stream_over_the_fixed_denomina
     rng = mech.make_rng(strategy.config.seed, 1, STREAM_ADAPTIVE_CLIP)
     expected = adaptive.noisy_clipped_fraction([0, 0, 1, 1, 1, 0], 10.0, 0.7, rng)
     assert outcome.stats["fraction_clipped_noisy"] == pytest.approx(expected, rel=1e-12)
-    assert strategy.clip_norm == pytest.approx(0.2 * math.exp(-0.2 * ((1 - expected) - 0.5)), rel=1e-12)
+    assert strategy.clipping.clip_norm == pytest.approx(0.2 * math.exp(-0.2 * ((1 - expected) - 0.5)), rel=1e-12)
 
 
 def test_a_clients_reported_norm_sets_only_its_own_bit():
@@ -140,7 +140,7 @@ def test_the_joint_release_is_accounted_at_the_configured_multiplier():
     sigma, sigma_b, q, delta_ = 0.95, 0.8, 0.2, 1 / 50
     strategy = build(*ADAPTIVE, f"privacy.clipped_count_stddev={sigma_b}")
     assert strategy.noise_multiplier == pytest.approx(adaptive.update_share_of_joint(sigma, sigma_b), rel=1e-12)
-    assert strategy.accounted_noise_multiplier == pytest.approx(sigma, rel=1e-12)
+    assert strategy.account.accounted_noise_multiplier == pytest.approx(sigma, rel=1e-12)
     strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=3)
     assert strategy.epsilon() == pytest.approx(compute_epsilon(sigma, q, 3, delta_), rel=1e-9)
     claim = strategy.dp_guarantee()
@@ -152,7 +152,7 @@ def test_the_joint_release_is_accounted_at_the_configured_multiplier():
 def test_target_epsilon_calibrates_the_joint_multiplier():
     strategy = build(*ADAPTIVE, "num_rounds=20", "privacy.target_epsilon=4.0")
     joint = calibrate_noise_multiplier(4.0, 1 / 50, 0.2, 20, accountant="rdp", sampling="poisson", population=50)
-    assert strategy.accounted_noise_multiplier == pytest.approx(joint, rel=1e-9)
+    assert strategy.account.accounted_noise_multiplier == pytest.approx(joint, rel=1e-9)
     assert strategy.noise_multiplier == pytest.approx(adaptive.update_share_of_joint(joint, 0.5), rel=1e-12)
 
 
@@ -167,7 +167,7 @@ def test_fixed_size_sampling_accounts_the_same_joint_multiplier():
 def test_c_t_and_the_noisy_fraction_are_published_whatever_client_statistics_says(mode):
     strategy = build(*ADAPTIVE, f"privacy.client_statistics={mode}")
     stats = _round(strategy, [0.1, 0.5, 1.0, 0.05]).stats
-    published = strategy.published_statistics(1, stats)
+    published = strategy.aggregator.published_statistics(1, stats)
     for key in ("clip_norm", "clip_norm_next", "fraction_clipped_noisy"):
         assert published[key] == stats[key]
     if mode != "raw":
@@ -178,10 +178,10 @@ def test_checkpoint_state_carries_c():
     strategy = build(*ADAPTIVE)
     _round(strategy, [1.0] * 10)
     state, arrays = strategy.state()
-    assert state["clip_norm"] == strategy.clip_norm != 0.2
+    assert state["clip_norm"] == strategy.clipping.clip_norm != 0.2
     resumed = build(*ADAPTIVE)
-    resumed.load_state(state, arrays)
-    assert resumed.clip_norm == strategy.clip_norm
+    resumed.run_state.load(state, arrays)
+    assert resumed.clipping.clip_norm == strategy.clipping.clip_norm
 
 
 def test_canaries_are_scaled_to_the_rounds_c():
@@ -189,7 +189,7 @@ def test_canaries_are_scaled_to_the_rounds_c():
     strategy = build(*ADAPTIVE, "audit=canaries", "audit.canaries=40")
     grid = FakeGrid()
     strategy.start(grid, ArrayRecord(zeros(SHAPES)), num_rounds=2)
-    c2 = strategy.clip_norm
+    c2 = strategy.clipping.clip_norm
     assert c2 < 0.2
     canaries = strategy.aggregator.canary_updates(strategy.plan_round(3, ArrayRecord(zeros(SHAPES)), ConfigRecord()))
     assert canaries

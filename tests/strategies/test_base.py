@@ -387,18 +387,18 @@ def test_secure_noise_auto_follows_the_grid():
     weights = ArrayRecord(zeros(SMALL_SHAPES))
     deployed = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=auto")
     deployed.start(DeploymentGrid(), weights, num_rounds=1)
-    assert deployed.secure_noise and deployed.noise_source == "os-csprng"
+    assert deployed.randomness.secure and deployed.randomness.source() == "os-csprng"
     simulated = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=auto")
     simulated.start(SimulationGrid(), weights, num_rounds=1)
-    assert not simulated.secure_noise and simulated.noise_source.startswith("seeded")
+    assert not simulated.randomness.secure and simulated.randomness.source().startswith("seeded")
     forced = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=false")
     forced.start(DeploymentGrid(), weights, num_rounds=1)
-    assert not forced.secure_noise
+    assert not forced.randomness.secure
 
 
 def test_secure_noise_is_not_reproducible():
     strategy = build("strategy=dp_fedavg", *SMALL_POP, "privacy.secure_noise=true")
-    assert strategy.noise_source == "os-csprng"
+    assert strategy.randomness.source() == "os-csprng"
     plan = prime(strategy, zeros(SMALL_SHAPES), sampled=1)
     a = flat(strategy.aggregator.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
     b = flat(strategy.aggregator.aggregate(plan, [reply(0, zeros(SMALL_SHAPES))]).new_weights)
@@ -411,7 +411,7 @@ def test_secure_noise_is_not_reproducible():
 
 def test_fedavg_is_the_plain_mean_without_clipping_or_noise():
     strategy = build("strategy=fedavg", *SMALL_POP)
-    assert isinstance(strategy, FederatedAveraging) and strategy.privacy is None and strategy.budget is None
+    assert isinstance(strategy, FederatedAveraging) and strategy.privacy is None and strategy.account is None
     old = random_update(SMALL_SHAPES, 0.1, seed=0)
     big = with_norm(SMALL_SHAPES, 1e3, seed=1)
     small = with_norm(SMALL_SHAPES, 0.1, seed=2)
@@ -438,10 +438,10 @@ def test_nonprivate_guarantee():
     for name, cls in (("fedavg", FederatedAveraging), ("fedsam", FedSAM)):
         strategy = build(f"strategy={name}")
         assert isinstance(strategy, cls)
-        assert strategy.ledger is None
-        assert "non-private" in strategy.dp_guarantee()["dp_guarantee"]
+        assert strategy.account is None
+        claim = strategy.dp_guarantee()
+        assert "non-private" in claim["dp_guarantee"] and "noise_source" not in claim
         assert strategy.epsilon() == math.inf
-        assert strategy.noise_source == "none"
 
 
 @pytest.mark.parametrize(("name", "cls"), [("dp_fedavg", DPFedAvg), ("dp_fedsam", DPFedSAM)])

@@ -58,7 +58,7 @@ def test_client_level_dp_around_fedsam_by_hand_is_hydras_dp_fedsam_bit_for_bit()
     assert by_hand.dp_guarantee() == from_hydra.dp_guarantee()
     p = config.privacy
     assert by_hand.epsilon() == pytest.approx(
-        compute_epsilon(by_hand.accounted_noise_multiplier, p.sample_rate, 2, p.delta), rel=1e-12
+        compute_epsilon(by_hand.account.accounted_noise_multiplier, p.sample_rate, 2, p.delta), rel=1e-12
     )
 
 
@@ -69,16 +69,16 @@ def test_the_layers_keywords_are_privacy_settings_and_equal_the_named_strategys(
     named = DPFedSAM(**settings, **privacy)
     for key, value in privacy.items():
         assert getattr(by_hand.config.privacy, key) == getattr(named.config.privacy, key) == value
-    assert by_hand.budget.projected_epsilon() == named.budget.projected_epsilon()
+    assert by_hand.account.budget.projected_epsilon() == named.account.budget.projected_epsilon()
     assert by_hand.accountant.state_dict() == named.accountant.state_dict()
 
 
 def test_the_wrapped_strategy_is_left_plain_and_the_layer_runs_a_private_rebuild() -> None:
     plain = FederatedAveraging(num_clients=20, num_rounds=2)
     layer = ClientLevelDP(plain, noise_multiplier=1.0)
-    assert plain.privacy is None and plain.budget is None and plain.noisy_average is None
+    assert plain.privacy is None and plain.account is None and plain.noisy_average is None
     assert isinstance(layer.strategy, FederatedAveraging) and layer.strategy is not plain
-    assert layer.strategy.privacy == PrivateRounds() and layer.budget is not None
+    assert layer.strategy.privacy == PrivateRounds() and layer.account is not None
     assert layer.noisy_average is not None and layer.config.privacy.noise_multiplier == 1.0
 
 
@@ -137,7 +137,7 @@ def test_a_strategy_whose_constructor_the_rebuild_would_drop_is_refused() -> Non
     with pytest.raises(ValueError, match="constructor takes my_lr"):
         ClientLevelDP(WithItsOwnArgument(num_clients=20, my_lr=0.5))
     built = WithItsOwnArgument(num_clients=20, my_lr=0.5, privacy=PrivateRounds())  # what the message says to do
-    assert built.my_lr == 0.5 and built.budget is not None
+    assert built.my_lr == 0.5 and built.account is not None
 
 
 def test_a_subclass_of_the_layer_names_the_kind_it_wraps() -> None:

@@ -32,7 +32,7 @@ def test_none_and_noisy_publish_no_client_derived_value_and_no_count_of_clients(
     strategy = build(*POP, f"privacy.client_statistics={mode}")
     stats = _stats(strategy)
     assert stats["aggregated"] == 4 and stats["failed"] == 1  # what the round knows...
-    published = strategy.published_statistics(1, stats)
+    published = strategy.aggregator.published_statistics(1, stats)
     assert not set(CLIENT_DERIVED) & set(published)
     assert not set(CLIENT_COUNTS) & set(published)  # ...is not published: the batch size is secret under Poisson
     assert "no count of clients" in strategy.dp_guarantee()["client_statistics"]
@@ -70,7 +70,7 @@ def test_raw_publishes_counts_and_writes_no_operator_record(tmp_path):
 def test_raw_publishes_everything_and_says_it_is_not_covered():
     strategy = build(*POP, "privacy.client_statistics=raw")
     stats = _stats(strategy)
-    assert strategy.published_statistics(1, stats) == stats
+    assert strategy.aggregator.published_statistics(1, stats) == stats
     assert stats["client_norms"] == pytest.approx([0.1, 0.5, 1.0, 0.05], rel=1e-5)
     assert "epsilon does not cover" in strategy.dp_guarantee()["client_statistics"]
 
@@ -78,18 +78,19 @@ def test_raw_publishes_everything_and_says_it_is_not_covered():
 def test_noisy_releases_the_clipped_fraction_with_sigma_s_over_m():
     strategy = build(*POP, "privacy.client_statistics=noisy", "privacy.statistics_noise_multiplier=2.0")
     stats = _stats(strategy)  # C = 0.2: two of the four norms are clipped
-    draws = np.array([strategy.published_statistics(t, stats)["fraction_clipped_noisy"] for t in range(1, 4001)])
+    aggregator = strategy.aggregator
+    draws = np.array([aggregator.published_statistics(t, stats)["fraction_clipped_noisy"] for t in range(1, 4001)])
     m = strategy.expected_clients
     assert abs(draws.mean() - 2 / m) < 5 * (2.0 / m) / math.sqrt(len(draws))
     assert draws.std() == pytest.approx(2.0 / m, rel=0.05)  # std of the estimate of a std from 4000 draws: ~1.1%
-    assert not set(CLIENT_DERIVED) & set(strategy.published_statistics(1, stats))
+    assert not set(CLIENT_DERIVED) & set(strategy.aggregator.published_statistics(1, stats))
 
 
 def test_noisy_statistics_are_accounted_jointly():
     sigma, sigma_s, q, delta = 0.95, 2.5, 0.2, 1 / 50
     strategy = build(*POP, "privacy.client_statistics=noisy", f"privacy.statistics_noise_multiplier={sigma_s}")
     joint = (sigma**-2 + sigma_s**-2) ** -0.5
-    assert strategy.accounted_noise_multiplier == pytest.approx(joint, rel=1e-12)
+    assert strategy.account.accounted_noise_multiplier == pytest.approx(joint, rel=1e-12)
     strategy.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=3)
     assert strategy.epsilon() == pytest.approx(compute_epsilon(joint, q, 3, delta), rel=1e-9)
     assert strategy.epsilon() > compute_epsilon(sigma, q, 3, delta)  # the extra release costs privacy
@@ -102,7 +103,7 @@ def test_target_epsilon_calibrates_the_joint_multiplier():
     strategy = build(*POP, "num_rounds=20", f"privacy.target_epsilon={target}", "privacy.client_statistics=noisy",
                      f"privacy.statistics_noise_multiplier={sigma_s}")  # fmt: skip
     joint = calibrate_noise_multiplier(target, 1 / 50, 0.2, 20, accountant="rdp", sampling="poisson", population=50)
-    assert strategy.accounted_noise_multiplier == pytest.approx(joint, rel=1e-9)
+    assert strategy.account.accounted_noise_multiplier == pytest.approx(joint, rel=1e-9)
     assert strategy.noise_multiplier == pytest.approx(mech.update_noise_for_joint(joint, sigma_s), rel=1e-12)
     with pytest.raises(ConfigError, match="statistics_noise_multiplier"):
         build(*POP, "num_rounds=20", f"privacy.target_epsilon={target}", "privacy.client_statistics=noisy",
@@ -124,10 +125,10 @@ def test_auto_is_raw_in_simulation_and_none_in_deployment(caplog):
 
     simulated = build(*POP, "privacy.client_statistics=auto")
     simulated.start(SimulationGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
-    assert simulated.client_statistics == "raw"
+    assert simulated.statistics.mode == "raw"
     deployed = build(*POP, "privacy.client_statistics=auto")
     deployed.start(FakeGrid(), ArrayRecord(zeros(SHAPES)), num_rounds=1)
-    assert deployed.client_statistics == "none"
+    assert deployed.statistics.mode == "none"
     # No rejection is logged (each line would count a client; a reason can name a partition): the operator's
     # record holds the counts.
     caplog.clear()

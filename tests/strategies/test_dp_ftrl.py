@@ -97,7 +97,7 @@ def test_target_epsilon_calibrates_sigma_by_the_factorizations_bound(factorizati
     p, f = strategy.config.privacy, strategy.factorization
     bound = matrix_factorization_bound(f.toeplitz, 8, 8, 4, 2, strategy.noise_multiplier, p.delta)
     assert 4 * (1 - 1e-3) <= bound.epsilon <= 4
-    assert strategy.budget.projected_epsilon() == pytest.approx(
+    assert strategy.account.budget.projected_epsilon() == pytest.approx(
         matrix_factorization_bound(f.toeplitz, 8, 1, 4, 2, strategy.noise_multiplier, p.delta).epsilon, rel=1e-12
     )
     assert bound.epsilon == pytest.approx(gdp_to_epsilon(bound.mu, p.delta), rel=1e-12)
@@ -238,7 +238,7 @@ def test_canaries_follow_the_rule_and_the_audit_holds_for_the_correct_mechanism(
     rounds are the bare mechanism on the canaries, and the one-run lower bound stays below the factorization's ε."""
     strategy = build(*AUDITED)
     _run(strategy, 5, shapes=AUDIT_SHAPES)
-    audit, result = strategy.canaries, strategy.audit_result
+    audit, result = strategy.auditor.canaries, strategy.auditor.result
     assert audit is not None and result is not None and result.round == 5
     record = ParticipationRecord(ParticipationRule(2, 3))
     for server_round in range(1, 6):
@@ -253,7 +253,7 @@ def test_the_audit_flags_a_dp_ftrl_build_whose_noise_is_switched_off(monkeypatch
     monkeypatch.setattr(CorrelatedNoise, "_correlate", lambda self, z: np.zeros_like(z))
     strategy = build(*AUDITED)
     _run(strategy, 5, shapes=AUDIT_SHAPES)
-    result = strategy.audit_result
+    result = strategy.auditor.result
     assert result is not None and result.violation
     assert result.lower_bound.epsilon > result.accountant_epsilon_at_bound_delta
 

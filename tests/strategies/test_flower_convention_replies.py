@@ -394,7 +394,7 @@ def test_a_flower_client_app_of_our_own_under_dp_fedavg_is_clipped_noised_and_ac
     assert np.all(noise != 0)
     assert float(noise.std()) == pytest.approx(SIGMA * C / M_E2E, rel=0.3)  # 36 coordinates
     # Accounted: two releases of the subsampled Gaussian mechanism, as a fresh accountant says.
-    assert noisy.ledger is not None and noisy.ledger.rounds == 2
+    assert noisy.account.ledger is not None and noisy.account.ledger.rounds == 2
     fresh = SampledGaussianLedger(1 / 20, "rdp", "fixed", 20)
     fresh.step(SIGMA, Q, rounds=2)
     assert noisy.epsilon() == pytest.approx(fresh.epsilon(), rel=1e-12)
@@ -417,4 +417,4 @@ def test_a_bare_client_fn_app_is_refused_before_the_first_train_message() -> Non
     grid = InProcessGrid(nodes=2, app=ClientApp(client_fn=client_fn))
     with pytest.raises(PopulationError, match="numpy_client_mod"):
         strategy.start(grid, ArrayRecord(_initial()), num_rounds=1)
-    assert observer.stats == [] and grid.sent == [] and strategy.rounds_released == 0
+    assert observer.stats == [] and grid.sent == [] and strategy.account.rounds_released == 0

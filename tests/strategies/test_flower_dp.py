@@ -649,11 +649,11 @@ def test_the_accountant_accounts_every_release_and_answers_flowers_questions() -
 
 def test_releases_compose_our_strategies_privacy_events_through_the_same_ledger() -> None:
     strategy, reference = wrapper(), ours()
-    assert strategy.account.budget.events(SIGMA, 0.5) == reference.budget.events(SIGMA, 0.5)
+    assert strategy.account.budget.events(SIGMA, 0.5) == reference.account.budget.events(SIGMA, 0.5)
     assert strategy.account.budget.events(SIGMA, 0.5) == [SampledGaussianEvent(SIGMA, 0.5)]
     Strategy.start(strategy, ClientAppGrid(nodes=10), initial(), num_rounds=3)
     for _ in range(3):
-        reference.budget.account()
+        reference.account.budget.account()
     assert strategy.ledger.state_dict() == reference.ledger.state_dict()  # the same composition, event for event
     assert strategy.epsilon() == reference.epsilon() == pytest.approx(compute_epsilon(SIGMA, 0.5, 3, DELTA), rel=1e-12)
 
@@ -675,7 +675,7 @@ def test_a_flower_accountant_instance_accounts_the_releases_as_it_does_for_our_s
     # Our strategy given the same kind of accountant spends the same.
     reference = ours(sampling=sampling, accountant=RdpAccountant(flower_config(fixed=fixed)))
     for _ in range(2):
-        reference.budget.account()
+        reference.account.budget.account()
     assert reference.epsilon() == strategy.epsilon()
 
 
@@ -725,7 +725,7 @@ def test_sigma_zero_runs_without_noise_and_states_epsilon_as_our_strategies_do(t
     # Our DP-FedAvg with σ = 0 accounts the same events and states the same claim.
     reference = ours(noise_multiplier=0.0)
     for _ in range(2):
-        reference.budget.account()
+        reference.account.budget.account()
     assert reference.epsilon() == math.inf
     assert (
         strategy.dp_guarantee()["dp_guarantee"]
@@ -743,7 +743,7 @@ def test_sigma_zero_under_a_budget_stops_before_the_first_round_as_our_strategie
     assert strategy.rounds_released == 0 and strategy.epsilon() == 0.0
     assert strategy.stop_reason is not None and "max_epsilon" in strategy.stop_reason
     assert result.train_metrics_clientapp == {} and strategy.privacy_metrics == {}
-    assert ours(noise_multiplier=0.0, max_epsilon=10.0).budget.over_budget(1) is not None
+    assert ours(noise_multiplier=0.0, max_epsilon=10.0).account.budget.over_budget(1) is not None
 
 
 @pytest.mark.parametrize(

@@ -47,8 +47,8 @@ def test_flowers_own_start_accounts_every_release(tmp_path: Path, name: str) -> 
     strategy = _strategy(name, checkpoint_dir=tmp_path)
     # The base-class loop: what a user's subclass that does not override start() runs.
     result = Strategy.start(strategy, InProcessGrid(nodes=2), _initial(strategy.config), num_rounds=2)
-    assert strategy.ledger is not None and strategy.ledger.rounds == 2
-    assert strategy.rounds_released == 2
+    assert strategy.account.ledger is not None and strategy.account.ledger.rounds == 2
+    assert strategy.account.rounds_released == 2
     releases = ReleaseLog(tmp_path).read()
     assert [r.round for r in releases] == [1, 2]
     assert releases[-1].digest == model_digest(result.arrays.to_numpy_ndarrays())  # the model Flower kept
@@ -56,7 +56,7 @@ def test_flowers_own_start_accounts_every_release(tmp_path: Path, name: str) -> 
     if name == "noisy_fedavg":
         expected = strategy.bound(2).epsilon  # the GDP bound after 2 releases
     else:
-        expected = compute_epsilon(strategy.accounted_noise_multiplier, p.sample_rate, 2, p.delta)
+        expected = compute_epsilon(strategy.account.accounted_noise_multiplier, p.sample_rate, 2, p.delta)
     assert strategy.epsilon() == pytest.approx(expected, rel=1e-12) and expected > 0
     assert strategy.dp_guarantee()["rounds_released"] == 2
     # Settings were resolved for the grid before the first message (Flower's in-memory grid: a simulation).
@@ -81,19 +81,19 @@ def test_flowers_own_start_refuses_seeded_randomness_on_a_deployment_grid_before
     with pytest.raises(ConfigError, match="allow_seeded_deployment"):
         Strategy.start(strategy, grid, _initial(config), num_rounds=2)
     assert grid.sent == []
-    assert strategy.ledger is not None and strategy.ledger.rounds == 0
+    assert strategy.account.ledger is not None and strategy.account.ledger.rounds == 0
 
 
 def test_flowers_own_start_stops_at_the_budget_guard_and_releases_nothing_more() -> None:
     probe = _strategy("dp_fedavg")
-    sigma, delta = probe.accounted_noise_multiplier, probe.config.privacy.delta
+    sigma, delta = probe.account.accounted_noise_multiplier, probe.config.privacy.delta
     one, two = (compute_epsilon(sigma, 0.2, rounds, delta) for rounds in (1, 2))
     strategy = _strategy("dp_fedavg", f"privacy.max_epsilon={(one + two) / 2}")  # round 1 may run, round 2 not
     grid = InProcessGrid(nodes=2)
     Strategy.start(strategy, grid, _initial(strategy.config), num_rounds=3)
     # Flower's loop sends each round's train messages, then its (empty) evaluate ones: nothing after the guard.
     assert grid.sent == [2, 0, 0, 0, 0, 0]
-    assert strategy.ledger is not None and strategy.ledger.rounds == 1
+    assert strategy.account.ledger is not None and strategy.account.ledger.rounds == 1
     assert strategy.stop_reason is not None and "budget guard" in strategy.stop_reason
 
 
@@ -124,7 +124,7 @@ def test_our_start_runs_a_subclasss_hooks() -> None:
     assert strategy.seen == [2, 2]  # its aggregate_train saw every reply (none taken before it was called)
     assert strategy.calls == [("configure_train", 1), ("aggregate_train", 1), ("configure_train", 2),
                               ("aggregate_train", 2)]  # fmt: skip
-    assert strategy.ledger is not None and strategy.ledger.rounds == 2
+    assert strategy.account.ledger is not None and strategy.account.ledger.rounds == 2
     assert len(result.arrays) > 0
 
 
@@ -135,7 +135,7 @@ def test_a_resumed_strategy_refuses_a_loop_that_starts_at_round_one(tmp_path: Pa
 
     resumed = build("strategy=dp_fedavg", *SMALL, "checkpoint_every=1", checkpoint_dir=tmp_path,
                     resume_from=load_checkpoint(tmp_path))  # fmt: skip
-    assert resumed.ledger is not None and resumed.ledger.rounds == 1  # accounted when built
+    assert resumed.account.ledger is not None and resumed.account.ledger.rounds == 1  # accounted when built
     with pytest.raises(RuntimeError, match="resume_from"):
         Strategy.start(resumed, FakeGrid(), _initial(resumed.config), num_rounds=2)
     assert np.isfinite(resumed.epsilon())
@@ -153,7 +153,7 @@ def test_the_package_exports_its_strategies_and_their_accountant_is_flowers_inte
     assert Exported is DPFedAvg and issubclass(NoisyFedAvg, FederatedStrategy)
     strategy = DPFedSAM(num_clients=100, sample_rate=0.1, clip_norm=0.2, noise_multiplier=0.95)
     assert PrivacyAccountant in type(strategy.accountant).__mro__  # the Protocol, subclassed explicitly
-    assert strategy.accountant is strategy.ledger.accountant
+    assert strategy.accountant is strategy.account.ledger.accountant
 
 
 def test_flowers_rdp_accountant_accounts_a_run_in_place_of_ours() -> None:
@@ -170,6 +170,7 @@ def test_flowers_rdp_accountant_accounts_a_run_in_place_of_ours() -> None:
     strategy.start(FakeGrid(), _initial(strategy.config), num_rounds=2)
     assert flowers.num_releases == 2
     reference = RdpAccountant(config())
-    reference.compose(GaussianPrivacyEvent(strategy.accounted_noise_multiplier, sample_size=4, population_size=20), 2)
+    sigma = strategy.account.accounted_noise_multiplier
+    reference.compose(GaussianPrivacyEvent(sigma, sample_size=4, population_size=20), 2)
     assert strategy.epsilon() == pytest.approx(reference.get_epsilon(0.05), rel=1e-12)
     assert strategy.dp_guarantee()["rounds_released"] == 2

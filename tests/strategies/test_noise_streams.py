@@ -97,7 +97,7 @@ def test_noisy_counts_are_keyed_too(setting, stat):
         plan = prime(strategy, zeros(SHAPES), sampled=4)
         stats = strategy.aggregator.aggregate(plan, [reply(pid, zeros(SHAPES)) for pid in range(4)]).stats
         if stat == "noisy":
-            stats = strategy.published_statistics(1, stats)
+            stats = strategy.aggregator.published_statistics(1, stats)
         return float(stats["fraction_clipped_noisy"])
 
     assert fraction("num_rounds=3") == fraction("num_rounds=4")
@@ -158,4 +158,4 @@ def test_a_per_run_resume_draws_its_noise_again_and_repeats_its_releases(tmp_pat
     releases = ReleaseLog(tmp_path).read()
     assert [r.round for r in releases] == [1, 2, 3, 4, 5, 4, 5, 6]
     assert [r.digest for r in releases[5:7]] == [r.digest for r in releases[3:5]]
-    assert resumed.ledger is not None and resumed.ledger.rounds == 6
+    assert resumed.account.ledger is not None and resumed.account.ledger.rounds == 6

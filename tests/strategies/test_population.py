@@ -48,7 +48,7 @@ def test_a_clientapp_that_trains_its_own_partition_is_refused_before_the_first_t
     assert "numpy_client_mod" in message and "population=nodes" in message and "error:" in message
     assert "\n" not in message  # the ClientApp's traceback cut to its last line
     assert grid.sent == []  # no train message went out
-    assert strategy.rounds_released == 0  # nothing was released, no epsilon spent
+    assert strategy.account.rounds_released == 0  # nothing was released, no epsilon spent
 
 
 def test_a_query_handler_that_does_not_confirm_the_binding_is_refused() -> None:

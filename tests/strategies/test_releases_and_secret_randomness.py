@@ -104,7 +104,7 @@ def test_every_release_is_accounted_across_a_crash_and_a_resume(tmp_path, secure
     # CSPRNG noise: rounds 4 and 5 released twice, with different noise: 8 releases. Seeded noise: the re-run
     # repeats the same releases, so ε is that of an uninterrupted 6-round run.
     released = 8 if secure else 6
-    assert resumed.ledger.rounds == released
+    assert resumed.account.ledger.rounds == released
     assert resumed.epsilon() == pytest.approx(compute_epsilon(0.95, 0.2, released, 1 / 50), rel=1e-9)
     assert all(r.randomness == ("os-csprng" if secure else "seeded") for r in log.read())
 
@@ -172,7 +172,7 @@ def test_a_seeded_rerun_that_repeats_its_release_is_counted_once_across_two_resu
     assert [r.round for r in releases] == [1, 2, 3, 4, 5, 4, 5]
     assert [r.digest for r in releases[5:]] == [r.digest for r in releases[3:5]]  # the same models again
     resumed = _run(SEEDED, tmp_path, rounds=6, resume=load_checkpoint(tmp_path))
-    assert resumed.ledger.rounds == 6 and resumed.rounds_released == 6
+    assert resumed.account.ledger.rounds == 6 and resumed.account.rounds_released == 6
     assert resumed.epsilon() == pytest.approx(compute_epsilon(0.95, 0.2, 6, 1 / 50), rel=1e-9)
 
 
@@ -180,7 +180,7 @@ def test_seeded_releases_that_are_not_rerun_are_still_counted(tmp_path):
     ckpt = _crash_after_five_releases(tmp_path)
     # The resumed run ends after round 4 (here: fewer rounds asked for); round 5's model had left the server.
     resumed = _run(SEEDED, tmp_path, rounds=4, resume=ckpt)
-    assert resumed.ledger.rounds == 5
+    assert resumed.account.ledger.rounds == 5
     assert resumed.epsilon() == pytest.approx(compute_epsilon(0.95, 0.2, 5, 1 / 50), rel=1e-9)
 
 

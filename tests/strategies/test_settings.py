@@ -56,7 +56,7 @@ def test_the_first_resolution_decides_for_the_strategy() -> None:
     strategy.resolve_settings(simulation=False)
     strategy.resolve_settings(simulation=True)  # start() on the same grid again: nothing changes
     assert strategy.run_settings == _resolve(False, "strategy=dp_fedavg")
-    assert strategy.secure_noise and strategy.statistics.mode == "none" and strategy.cohort_size == 1
+    assert strategy.randomness.secure and strategy.statistics.mode == "none" and strategy.cohort_size == 1
 
 
 def test_a_grid_without_simulation_run_details_is_a_real_superlink() -> None:

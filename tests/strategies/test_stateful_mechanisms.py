@@ -75,7 +75,7 @@ def test_a_mechanism_keeps_its_state_across_rounds_and_a_resume(tmp_path: Path) 
     assert _counter(resumed).rounds == 2  # restored when built
     resumed.start(FakeGrid(), initial, num_rounds=3)
     assert _counter(resumed).rounds == 3
-    sigma = resumed.accounted_noise_multiplier
+    sigma = resumed.account.accounted_noise_multiplier
     assert resumed.epsilon() == pytest.approx(compute_epsilon(sigma, 0.2, 3, resumed.config.privacy.delta), rel=1e-12)
 
 
@@ -114,7 +114,7 @@ class NoEventFedAvg(FederatedAveraging):
 def test_the_ledger_composes_the_event_its_mechanisms_report() -> None:
     strategy = ClientLevelDP(ConservativeFedAvg(compose_config(RUN)))
     strategy.start(FakeGrid(), ArrayRecord(random_update(SHAPES, 0.1, seed=0)), num_rounds=2)
-    sigma, delta = strategy.accounted_noise_multiplier, strategy.config.privacy.delta
+    sigma, delta = strategy.account.accounted_noise_multiplier, strategy.config.privacy.delta
     assert strategy.epsilon() == pytest.approx(compute_epsilon(sigma / 2, 0.2, 2, delta), rel=1e-12)
     assert strategy.epsilon() > compute_epsilon(sigma, 0.2, 2, delta)
 
