@@ -163,11 +163,9 @@ class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
         #: The released average over m, clipped and noised (client_dp/average.py); None: the plain mean of what arrived.
         self.noisy_average: NoisyAverage | None = None
         if self.account is not None and self.privacy is not None and self.privacy.server_average:
-            # The draws of the run's randomness as resolved when the round runs (resolve_settings() replaces it).
-            draws = lambda t, purpose: self.randomness.noise_rng(t, purpose)  # noqa: E731
             self.noisy_average = NoisyAverage(self.mechanisms, self.placement, self.clipping,
                                               noise_multiplier=self.noise_multiplier,
-                                              expected_clients=self.expected_clients, noise_source=draws)  # fmt: skip
+                                              expected_clients=self.expected_clients)  # fmt: skip
 
     def _init_run_state(self, config: AppConfig) -> None:
         """What the run carries from round to round and resolves once: the round in flight, the releases, the
@@ -388,7 +386,8 @@ class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
                     self.expected_clients, self.account, self.randomness, self.not_covered_reason())  # fmt: skip
 
     def state(self) -> tuple[dict[str, Any], StateArrays]:
-        return self.run_state.state(self.randomness, self.auditor)  # as resolved: the randomness, the audit
+        """What a checkpoint stores beyond the global model (:meth:`RunState.state`), as the run resolved it."""
+        return self.run_state.state(self.randomness, self.auditor)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

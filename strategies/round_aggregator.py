@@ -134,10 +134,10 @@ class RoundAggregator:
         of what arrived (the non-private references; Noisy-FedAvg, whose clients noise their models)."""
         if self.noisy_average is None:
             return mech.uniform_average(updates, max(num_clients, 1), plan.shapes)
-        return self.noisy_average.average(plan, updates, num_clients)
+        return self.noisy_average.average(plan, updates, num_clients, self.randomness.noise_rng)
 
     def draw_noise_ahead(self, plan: RoundPlan) -> None:
         """Start drawing the round's server noise ahead, where a private average adds it whoever answers
         (:meth:`NoisyAverage.draw_noise_ahead`)."""
         if self.noisy_average is not None:
-            self.noisy_average.draw_noise_ahead(plan)
+            self.noisy_average.draw_noise_ahead(plan, self.randomness.noise_rng)

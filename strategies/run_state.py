@@ -75,7 +75,7 @@ class RunState:
                 arrays[f"mechanism_{index}"] = list(mechanism_arrays)
         return state, arrays
 
-    def load(self, state: dict[str, Any], arrays: StateArrays) -> None:
+    def load_state(self, state: dict[str, Any], arrays: StateArrays) -> None:
         """Restore what :meth:`state` returned (the canaries' part is the audit's own: strategies/auditing.py)."""
         if self.account is not None:
             self.account.ledger.load_state_dict(state)
@@ -105,7 +105,7 @@ class RunState:
                     f"resume: rounds after the checkpoint (round {checkpoint.round}) were released with CSPRNG "
                     f"noise; {reason}. Resume from a checkpoint of the last released round (checkpoint_every=1)"
                 )
-        self.load(checkpoint.strategy_state, checkpoint.strategy_arrays)
+        self.load_state(checkpoint.strategy_state, checkpoint.strategy_arrays)
         if self.account is not None:
             released = int(checkpoint.strategy_state.get("releases_logged", checkpoint.round))
             self.releases.resume(self.account.budget, released, logged)

@@ -50,7 +50,7 @@ class NoisyAverage:
     """A private round's average: the server's re-clip of each accepted sum (:meth:`reclip`), the uniform sum over
     ``expected_clients`` (m) and the server steps of ``mechanisms`` (:meth:`average`), with the update noise
     multiplier σ = ``noise_multiplier``, the clip norm of ``clipping`` (C_t, which adaptive clipping moves between
-    rounds), the noise ``placement`` and the run's ``noise_source``."""
+    rounds) and the noise ``placement``; each round's draws come from the source it is handed."""
 
     def __init__(
         self,
@@ -60,14 +60,12 @@ class NoisyAverage:
         *,
         noise_multiplier: float,
         expected_clients: float,
-        noise_source: NoiseSource,
     ) -> None:
         self.mechanisms = tuple(mechanisms)
         self.placement = placement
         self.clipping = clipping
         self.noise_multiplier = float(noise_multiplier)
         self.expected_clients = float(expected_clients)
-        self.noise_source = noise_source
 
     def reclip(self, total: list[np.ndarray], clients: int, norm: float = math.nan) -> tuple[list[np.ndarray], int]:
         """A screened sum of ``clients`` updates held to clients·C where the server clips; (sum, clients if it had to
@@ -80,13 +78,16 @@ class NoisyAverage:
         total, was_reclipped = mech.reclip(total, bound, norm=None if math.isnan(norm) else norm)
         return total, clients * int(was_reclipped)
 
-    def average(self, plan: ReleasedRound, updates: list[list[np.ndarray]], num_clients: int) -> list[np.ndarray]:
+    def average(
+        self, plan: ReleasedRound, updates: list[list[np.ndarray]], num_clients: int, noise_source: NoiseSource
+    ) -> list[np.ndarray]:
         """The released average of ``updates`` (client updates, or cohort sums of them: their sum is the same) that
-        hold ``num_clients`` client updates: the uniform sum over m, then the server steps, in order."""
+        hold ``num_clients`` client updates: the uniform sum over m, then the server steps, in order, drawing from
+        ``noise_source`` (the run's randomness as resolved: strategies/client_dp/randomness.py)."""
         average = mech.uniform_average(updates, self.expected_clients, plan.shapes)
         rng = plan.server_noise
         if rng is None:
-            rng = self.noise_source(plan.server_round, STREAM_SERVER_NOISE)
+            rng = noise_source(plan.server_round, STREAM_SERVER_NOISE)
         step = ServerStep(
             noise_std=self.placement.server_noise_std(
                 self.noise_multiplier, self.clipping.clip_norm, self.expected_clients, num_clients
@@ -97,7 +98,7 @@ class NoisyAverage:
         )
         return run_server_steps(self.mechanisms, average, step)
 
-    def draw_noise_ahead(self, plan: ReleasedRound) -> None:
+    def draw_noise_ahead(self, plan: ReleasedRound, noise_source: NoiseSource) -> None:
         """Start drawing the round's server noise on a background thread (:class:`PrefetchedNormals`: the stream
         :meth:`average` would draw from, so the same values), where the server adds noise whoever answers (server
         placement and a Gaussian-noise step); idempotent. The run calls it when the round's first reply is in, so
@@ -106,4 +107,4 @@ class NoisyAverage:
             return
         if not any(isinstance(mechanism, GaussianNoise) for mechanism in self.mechanisms):
             return
-        plan.server_noise = PrefetchedNormals(self.noise_source(plan.server_round, STREAM_SERVER_NOISE), plan.shapes)
+        plan.server_noise = PrefetchedNormals(noise_source(plan.server_round, STREAM_SERVER_NOISE), plan.shapes)

@@ -36,7 +36,7 @@ def noise_source(server_round: int, purpose: int) -> mech.RandomSource:
 
 def average(placement=None, sigma: float = SIGMA) -> NoisyAverage:
     return NoisyAverage(mechanisms_for(RecipeSpec("dense")), placement or ServerPlacement(), FixedClipNorm(C),
-                        noise_multiplier=sigma, expected_clients=M, noise_source=noise_source)  # fmt: skip
+                        noise_multiplier=sigma, expected_clients=M)  # fmt: skip
 
 
 def updates(count: int) -> list[list[np.ndarray]]:
@@ -45,7 +45,7 @@ def updates(count: int) -> list[list[np.ndarray]]:
 
 
 def test_the_average_is_the_sum_over_the_fixed_m_plus_the_servers_noise() -> None:
-    got = average().average(Round(), updates(3), num_clients=3)
+    got = average().average(Round(), updates(3), num_clients=3, noise_source=noise_source)
     # Σ/m rounded to the model's float32, then N(0, (σC/m)²) from the round's server-noise stream, added in float64.
     mean = mech.uniform_average(updates(3), M, SHAPES)
     want = mech.add_gaussian_noise(mean, SIGMA * C / M, noise_source(2, STREAM_SERVER_NOISE))
@@ -55,7 +55,7 @@ def test_the_average_is_the_sum_over_the_fixed_m_plus_the_servers_noise() -> Non
 
 
 def test_no_noise_leaves_the_sum_over_m_whoever_answered() -> None:
-    got = average(sigma=0.0).average(Round(), updates(1), num_clients=1)
+    got = average(sigma=0.0).average(Round(), updates(1), num_clients=1, noise_source=noise_source)
     for g, t in zip(got, updates(1)[0], strict=True):
         np.testing.assert_array_equal(g, (t / M).astype(np.float32))  # one answer of m = 4: divided by 4, not 1
 
@@ -71,7 +71,7 @@ def test_the_server_reclips_a_sum_of_k_to_k_times_c_under_server_placement_only(
 
 
 def test_client_placement_tops_the_noise_up_for_the_clients_that_did_not_contribute() -> None:
-    got = average(ClientPlacement()).average(Round(), updates(1), num_clients=1)
+    got = average(ClientPlacement()).average(Round(), updates(1), num_clients=1, noise_source=noise_source)
     std = mech.client_noise_topup_std(SIGMA, C, M, 1)
     assert 0 < std < SIGMA * C / M
     mean = mech.uniform_average(updates(1), M, SHAPES)
@@ -82,17 +82,18 @@ def test_client_placement_tops_the_noise_up_for_the_clients_that_did_not_contrib
 
 def test_noise_drawn_ahead_is_the_noise_drawn_on_demand() -> None:
     ahead = Round()
-    average().draw_noise_ahead(ahead)
+    average().draw_noise_ahead(ahead, noise_source)
     assert ahead.server_noise is not None
     first = ahead.server_noise
-    average().draw_noise_ahead(ahead)  # idempotent
+    average().draw_noise_ahead(ahead, noise_source)  # idempotent
     assert ahead.server_noise is first
-    on_demand = average().average(Round(), updates(2), num_clients=2)
-    for a, b in zip(average().average(ahead, updates(2), num_clients=2), on_demand, strict=True):
+    on_demand = average().average(Round(), updates(2), num_clients=2, noise_source=noise_source)
+    released = average().average(ahead, updates(2), num_clients=2, noise_source=noise_source)
+    for a, b in zip(released, on_demand, strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def test_nothing_is_drawn_ahead_where_the_clients_add_the_noise() -> None:
     plan = Round()
-    average(ClientPlacement()).draw_noise_ahead(plan)
+    average(ClientPlacement()).draw_noise_ahead(plan, noise_source)
     assert plan.server_noise is None
