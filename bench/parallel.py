@@ -50,7 +50,6 @@ from bench.baseline import (
     server_step,
     shuffle_generator,
 )
-from bench.processes import free_port
 from fl_app.allocator import keep_freed_memory
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import load_dataset
@@ -209,8 +208,10 @@ def run_parallel(
     JSON summary and the model (``.npz`` next to it) stay there."""
     check_supported(config)
     rounds = config.num_rounds if num_rounds is None else num_rounds
-    init_method = f"tcp://127.0.0.1:{free_port()}"
     with tempfile.TemporaryDirectory(prefix="bench_parallel") as tmp:
+        # A file store for the rendezvous, not a TCP port picked free and bound later: under a busy suite another
+        # process took that port in between and a rank died in the handshake (gloo's own sockets bind port 0).
+        init_method = f"file://{tmp}/rendezvous"
         target = out if out is not None else Path(tmp) / "result.json"
         torch_mp.spawn(
             _worker, args=(procs, threads, config, rounds, init_method, str(target)), nprocs=procs, join=True

@@ -3,7 +3,9 @@ SuperLink process on 127.0.0.1), each with its own Ray temp dir and Flower home,
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,9 +14,18 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
-from bench.processes import ROOT, kill_processes_mentioning, run_env, simulation_superlink
+from bench.processes import (
+    BIN,
+    ROOT,
+    free_port,
+    kill_processes_mentioning,
+    processes_mentioning,
+    run_env,
+    simulation_superlink,
+)
 from fl_app.checkpoint import load_checkpoint
 from fl_app.metrics import read_metrics
 from tests.integration.app_dir import app_dir
@@ -129,3 +140,47 @@ def flwr_run_simulation(
     """``flwr run <app> --run-config <run_config>`` (tests/integration/app_dir.py) on a real ``--simulation``
     SuperLink (:func:`shared_superlink`, or one of a test's own: (connection, env, directory))."""
     return flwr_run_app(superlink, app_dir(), run_config, f"num-supernodes={num_supernodes} {resources}")
+
+
+def stop_processes_mentioning(marker: str, grace: float = 10.0) -> None:
+    """SIGTERM (Ray's daemons shut down their children on it), then SIGKILL whatever is left."""
+    procs = processes_mentioning(marker)
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    psutil.wait_procs(procs, timeout=grace)
+    kill_processes_mentioning(marker)
+
+
+@contextlib.contextmanager
+def ray_cluster(num_cpus: int = 2) -> Iterator[tuple[str, str]]:
+    """A one-node Ray cluster on 127.0.0.1 (``ray start --head``); yields (address, its temp dir). Stopped on exit,
+    also on failure, by the temp dir its processes name: never ``ray stop``, which kills every Ray on the machine."""
+    temp_dir = tempfile.mkdtemp(prefix="rayc", dir="/tmp")  # Ray's socket paths must stay short
+    port = free_port()
+    env = run_env(Path(temp_dir))
+    env["RAY_TMPDIR"] = temp_dir  # the daemons inherit it: that is how cleanup finds every one of them
+    cmd = [
+        str(BIN / "ray"), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}",
+        "--num-gpus=0", "--disable-usage-stats", "--include-dashboard=false",
+        # Its default, 10001, is fixed: a second cluster on the machine (another test run) would collide.
+        f"--ray-client-server-port={free_port()}", f"--temp-dir={temp_dir}",
+    ]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield f"127.0.0.1:{port}", temp_dir
+    finally:
+        stop_processes_mentioning(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[str]:
+    """One Ray head for the Hydra runs that do not need a Ray of their own, as the override that joins it
+    (``simulation.ray_address=...``): Ray's daemons start once for all of them instead of once a run (about 6 s of
+    both cores each). Sized as a local Ray would be (this machine's cores), so the runs simulate as many SuperNodes
+    and train the same models (results do not depend on it: strategies/population.py). A run killed mid-round
+    leaves the cluster running; its resume joins the same cluster (the checkpoint's config names it)."""
+    with ray_cluster(os.cpu_count() or 1) as (address, _):
+        yield f"simulation.ray_address={address}"

@@ -44,9 +44,9 @@ def _same_model(a_dir: Path, b_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def adaptive_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def adaptive_run(tmp_path_factory: pytest.TempPathFactory, shared_ray: str) -> Path:
     tmp = tmp_path_factory.mktemp("adaptive")
-    proc = run_hydra(tmp, ADAPTIVE)
+    proc = run_hydra(tmp, [*ADAPTIVE, shared_ray])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp / "out"
 
@@ -95,9 +95,9 @@ def test_flwr_run_gives_the_same_adaptive_run(short_tmp: Path, adaptive_run: Pat
 
 
 def test_sigkill_then_resume_restores_c_and_gives_the_same_model_and_epsilon(
-    short_tmp: Path, adaptive_run: Path
+    short_tmp: Path, adaptive_run: Path, shared_ray: str
 ) -> None:
-    out, checkpointed = kill_after_a_round_then_resume(short_tmp, ADAPTIVE, ROUNDS)
+    out, checkpointed = kill_after_a_round_then_resume(short_tmp, [*ADAPTIVE, shared_ray], ROUNDS)
     resumed, reference = read_metrics(out / "metrics.jsonl"), read_metrics(adaptive_run / "metrics.jsonl")
     assert [r["round"] for r in resumed] == list(range(1, ROUNDS + 1))
     assert _comparable(resumed) == _comparable(reference)  # C_t of every round included

@@ -49,8 +49,9 @@ def _check(out: Path) -> dict:
     return audit
 
 
-def test_dp_fedavg_audit_through_hydra(short_tmp: Path) -> None:
-    proc = run_hydra(short_tmp, ["strategy=dp_fedavg", f"num_rounds={ROUNDS}", "audit=canaries", *AUDIT, *SMALL])
+def test_dp_fedavg_audit_through_hydra(short_tmp: Path, shared_ray: str) -> None:
+    overrides = ["strategy=dp_fedavg", f"num_rounds={ROUNDS}", "audit=canaries", *AUDIT, *SMALL, shared_ray]
+    proc = run_hydra(short_tmp, overrides)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     _check(short_tmp / "out")
 

@@ -51,9 +51,10 @@ def _sweep(tmp: Path, overrides: list[str]) -> dict[tuple[str, str], Path]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], Path]:
-    found = _sweep(tmp_path_factory.mktemp("cohorts"), ["strategy=dp_fedsam", "simulation.cohort_size=1,auto"])
-    vectorized = ["strategy=dp_fedsam", "simulation.cohort_engine=vectorized"]
+def runs(tmp_path_factory: pytest.TempPathFactory, shared_ray: str) -> dict[tuple[str, str], Path]:
+    cohort_sizes = ["strategy=dp_fedsam", "simulation.cohort_size=1,auto", shared_ray]
+    found = _sweep(tmp_path_factory.mktemp("cohorts"), cohort_sizes)
+    vectorized = ["strategy=dp_fedsam", "simulation.cohort_engine=vectorized", shared_ray]
     found.update(_sweep(tmp_path_factory.mktemp("vectorized"), vectorized))
     return found
 

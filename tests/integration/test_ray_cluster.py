@@ -13,60 +13,19 @@ import json
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
-from bench.processes import BIN, ROOT, free_port, kill_processes_mentioning, processes_mentioning, run_env
+from bench.processes import ROOT, kill_processes_mentioning, processes_mentioning, run_env
 from fl_app.metrics import read_metrics
+from tests.integration.conftest import ray_cluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SMALL = ["dataset.num_clients=10", "dataset.max_train_samples=600", "dataset.max_test_samples=200"]
-
-
-def _stop_processes_mentioning(marker: str, grace: float = 10.0) -> None:
-    """SIGTERM (Ray's daemons shut down their children on it), then SIGKILL whatever is left."""
-    procs = processes_mentioning(marker)
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    psutil.wait_procs(procs, timeout=grace)
-    kill_processes_mentioning(marker)
-
-
-@contextlib.contextmanager
-def ray_cluster(num_cpus: int = 2) -> Iterator[tuple[str, str]]:
-    """A one-node Ray cluster on 127.0.0.1; yields (address, its temp dir). Stopped on exit, also on failure."""
-    temp_dir = tempfile.mkdtemp(prefix="rayc", dir="/tmp")  # Ray's socket paths must stay short
-    port = free_port()
-    env = run_env(Path(temp_dir))
-    env["RAY_TMPDIR"] = temp_dir  # the daemons inherit it: that is how cleanup finds every one of them
-    cmd = [
-        str(BIN / "ray"),
-        "start",
-        "--head",
-        f"--port={port}",
-        "--node-ip-address=127.0.0.1",
-        f"--num-cpus={num_cpus}",
-        "--num-gpus=0",
-        "--disable-usage-stats",
-        "--include-dashboard=false",
-        # Its default, 10001, is fixed: a second cluster on the machine (another test run) would collide.
-        f"--ray-client-server-port={free_port()}",
-        f"--temp-dir={temp_dir}",
-    ]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        yield f"127.0.0.1:{port}", temp_dir
-    finally:
-        _stop_processes_mentioning(temp_dir)
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 class _RayDaemonWatch:

@@ -38,9 +38,11 @@ def _run_json(out: Path) -> dict:
 
 
 @pytest.mark.parametrize("secure", [True, False], ids=["csprng", "seeded"])
-def test_sigkill_between_checkpoints_then_resume_accounts_every_release(short_tmp: Path, secure: bool) -> None:
+def test_sigkill_between_checkpoints_then_resume_accounts_every_release(
+    short_tmp: Path, secure: bool, shared_ray: str
+) -> None:
     # Killed once run.json says round 5 was released: after the checkpoint of round 3, before that of round 6.
-    run = [*RUN, f"privacy.secure_noise={str(secure).lower()}"]
+    run = [*RUN, f"privacy.secure_noise={str(secure).lower()}", shared_ray]
     out = start_and_kill_when(
         short_tmp, run, lambda out: _run_json(out).get("rounds_released", 0) >= 5, "round 5", timeout=400
     )

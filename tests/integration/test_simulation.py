@@ -33,12 +33,13 @@ def _completed(tmp: Path, overrides: list[str]) -> Path:
 
 @pytest.fixture(scope="module")
 def dp_fedsam_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # A Ray of its own: the Hydra front door's first screen as a user gets it by default.
     return _completed(tmp_path_factory.mktemp("dpfedsam_a"), DP_FEDSAM)
 
 
 @pytest.fixture(scope="module")
-def dp_fedsam_rerun(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _completed(tmp_path_factory.mktemp("dpfedsam_b"), DP_FEDSAM)
+def dp_fedsam_rerun(tmp_path_factory: pytest.TempPathFactory, shared_ray: str) -> Path:
+    return _completed(tmp_path_factory.mktemp("dpfedsam_b"), [*DP_FEDSAM, shared_ray])
 
 
 def _comparable(records: list[dict]) -> list[dict]:
@@ -147,8 +148,10 @@ def test_invalid_config_fails_with_one_clear_message_before_ray(short_tmp: Path,
 
 
 @pytest.mark.slow  # the same kill + resume with a C that moves every round: test_adaptive_clipping.py
-def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: Path, dp_fedsam_run: Path) -> None:
-    out, checkpointed = kill_after_a_round_then_resume(short_tmp, DP_FEDSAM, ROUNDS)
+def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(
+    short_tmp: Path, dp_fedsam_run: Path, shared_ray: str
+) -> None:
+    out, checkpointed = kill_after_a_round_then_resume(short_tmp, [*DP_FEDSAM, shared_ray], ROUNDS)
     resumed = read_metrics(out / "metrics.jsonl")
     assert [r["round"] for r in resumed] == list(range(1, ROUNDS + 1))
     reference = read_metrics(dp_fedsam_run / "metrics.jsonl")
@@ -163,7 +166,9 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_result(short_tmp: P
 # Per-client replies (cohort_size=1, what deployments send) are screened through the real server path in
 # tests/strategies/test_hostile_replies.py; a node failing mid-run is test_deployment.py's.
 @pytest.mark.parametrize("cohort_size", [pytest.param("1", marks=pytest.mark.slow), "auto"])
-def test_faulty_clients_are_rejected_counted_and_the_rounds_complete(short_tmp: Path, cohort_size: str) -> None:
+def test_faulty_clients_are_rejected_counted_and_the_rounds_complete(
+    short_tmp: Path, cohort_size: str, shared_ray: str
+) -> None:
     """A client that raises, one that sends NaN, one with a huge unclipped update and one with wrong shapes: each
     rejected (or re-clipped) alone, by the server for per-client messages and inside the worker for a cohort."""
     proc = run_hydra(
@@ -179,6 +184,7 @@ def test_faulty_clients_are_rejected_counted_and_the_rounds_complete(short_tmp: 
             "fault_injection.nan_partitions=[2]",
             "fault_injection.huge_norm_partitions=[3]",
             "fault_injection.wrong_shape_partitions=[4]",
+            shared_ray,
         ],
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
