@@ -273,7 +273,7 @@ RULES: list[tuple[re.Pattern[str], Callable[[Command, Path, dict[str, str]], Non
     (re.compile(r"^bash scripts/test\.sh$"), ci_runs_it),
     (re.compile(r"^bash scripts/run_main\.sh$"), run_main_script),
     (re.compile(r"^kill \$PID$"), stopped_after_flwr_run),
-    (re.compile(r"^ray start "), covered_by("tests/integration/test_ray_cluster.py", '"--head"', CLUSTER)),
+    (re.compile(r"^ray start "), covered_by("tests/integration/conftest.py", '"--head"', CLUSTER)),
     (re.compile(r"^(RAY_ADDRESS=\S+ flower-superlink|flwr run \. <connection>)"),
      not_run(CLUSTER + " and a SuperLink started in it; no test runs it")),
     (re.compile(r"^python -m apps\.main .*simulation\.ray_address="),
