@@ -24,7 +24,7 @@ class SimulationConfig:
     #: clients balanced by local work; "auto" = one cohort per worker (SuperNode) in simulation, 1 in deployment.
     cohort_size: int | Literal["auto"] = "auto"
     #: How a worker trains a cohort: one client after another, or all at once on stacked models (torch.func);
-    #: "auto" = vectorized on a GPU, sequential on a CPU.
+    #: "auto" = captured on a GPU, sequential on a CPU.
     cohort_engine: Literal["auto"] | CohortEngine = "auto"
     #: None = start a local Ray for this run; "auto" or "host:port" = join that running Ray cluster.
     ray_address: str | None = None

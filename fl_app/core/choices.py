@@ -74,7 +74,7 @@ Device = Literal["auto", "cpu", "cuda"]
 DEVICES: tuple[str, ...] = get_args(Device)
 
 #: How a worker trains a cohort message (``simulation.cohort_engine`` after ``auto``, which each worker resolves for
-#: its own device: vectorized on a GPU, sequential on a CPU; ``captured`` is the vectorized step as a CUDA graph).
+#: its own device: captured on a GPU, sequential on a CPU; ``captured`` is the vectorized step as a CUDA graph).
 CohortEngine = Literal["sequential", "vectorized", "captured"]
 COHORT_ENGINES: tuple[str, ...] = ("auto", *get_args(CohortEngine))
 

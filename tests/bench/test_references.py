@@ -316,20 +316,22 @@ def test_gpu_case_assembles_its_contenders_and_ratios(monkeypatch: pytest.Monkey
     assert "simulation.client_gpus=0.5" in labels["app_cohort_gpus_0.5"]
     assert all("simulation.device=cuda" in o for o in labels.values())
     assert "simulation.cohort_engine=captured" in labels["app_cohort_captured"]
+    assert all("simulation.cohort_engine=vectorized" in labels[n] for n in ("app_cohort_gpus_1", "app_cohort_gpus_0.5"))
     batched_cmd = calls[4][1]
     assert batched_cmd[2] == "bench.batched" and "--device" in batched_cmd and "num_rounds=6" in batched_cmd
     assert "+scale=paper" in batched_cmd and "dataset.num_clients=167" in batched_cmd
     step_cmd = calls[5][1]
     assert step_cmd[2] == "bench.captured_step" and step_cmd[step_cmd.index("--clients") + 1] == "50"
-    assert "simulation.client_gpus=1" in calls[6][1]
+    assert "simulation.client_gpus=1" in calls[6][1] and "simulation.cohort_engine=captured" in calls[6][1]
     assert result["captured_round_s"] == 0.6
     assert result["ratio_captured_over_limit"] == pytest.approx(1.2)
     assert result["ratio_captured_over_batched"] == pytest.approx(0.6)
     assert result["batched_loop"]["round_s"] == 1.0  # median of rounds 3..5
     assert result["cohort_round_s"] == 1.2  # the better of client_gpus 1 and 0.5
     assert result["ratio_cohort_over_batched"] == pytest.approx(1.2)
-    assert result["ratio_shared_over_alone"] == pytest.approx(1.5)
-    assert result["shared"]["ratio_each_run_over_alone"] == pytest.approx([1.25, 1.6 / 1.2, 1.5])
+    # The three shared runs against the captured engine's run alone (0.6 s): the engine a GPU run gets by default.
+    assert result["ratio_shared_over_alone"] == pytest.approx(3.0)
+    assert result["shared"]["ratio_each_run_over_alone"] == pytest.approx([2.5, 1.6 / 0.6, 3.0])
     assert result["final_model_max_abs_diff"]["app_per_client_vs_batched"] == 0.0
     table = bench_run.to_markdown(
         {"machine": bench_run.machine(), "overrides": [], "command": "python -m bench", "GPU": result}

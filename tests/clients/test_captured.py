@@ -112,7 +112,7 @@ def test_graphs_need_a_cuda_device() -> None:
     with pytest.raises(ValueError, match="CUDA"):
         resolve_cohort_engine("captured", device_is_gpu=False)
     assert resolve_cohort_engine("captured", device_is_gpu=True) == "captured"
-    assert resolve_cohort_engine("auto", device_is_gpu=True) == "vectorized"  # captured is opt-in for now
+    assert resolve_cohort_engine("auto", device_is_gpu=True) == "captured"
     assert resolve_cohort_engine("auto", device_is_gpu=False) == "sequential"
 
 

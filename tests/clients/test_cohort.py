@@ -30,13 +30,13 @@ from torch import nn
 import clients.cohort as cohort
 import clients.local_update as local_update
 import strategies  # noqa: F401  (registers the strategy names the configs here are validated by)
-from clients.captured import StackedOutcome
+from clients.captured import StackedOutcome, step_plan
 from clients.cohort import CohortResult, clip_and_sum_stacked, train_cohort
 from clients.faults import inject_fault
 from clients.local_update import train_one
 from clients.recipes import privatize_update
 from clients.training import NoisyLocalConfig
-from clients.vectorized import train_stacked
+from clients.vectorized import batch_schedule, train_stacked
 from fl_app.config import AppConfig, compose_config
 from fl_app.data.datasets import FASHION_MNIST_SYSTEM_DIR, DatasetUnavailableError, load_dataset
 from fl_app.instructions import DataSpec, RecipeSpec, TrainInstructions, local_training_config, make_train_instructions
@@ -45,6 +45,7 @@ from fl_app.privacy import mechanisms as mech
 
 ATOL = 1e-5
 CPU = torch.device("cpu")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 SMALL = [
     "dataset.max_train_samples=300",
     "dataset.num_clients=10",
@@ -273,7 +274,7 @@ def _per_client_path(
     return total, sent, metrics
 
 
-def _assert_metrics_match(result: CohortResult, metrics: dict[int, dict]) -> None:
+def _assert_metrics_match(result: CohortResult, metrics: dict[int, dict], num_examples: int | None = None) -> None:
     assert result.accepted == sorted(metrics)
     for j, pid in enumerate(result.accepted):
         want = metrics[pid]
@@ -282,7 +283,9 @@ def _assert_metrics_match(result: CohortResult, metrics: dict[int, dict]) -> Non
             assert math.isclose(got, want[key], rel_tol=1e-5, abs_tol=1e-7), (pid, key, got, want[key])
         assert result.metrics["num_steps"][j] == want["num_steps"], pid
         assert result.metrics["train_accuracy"][j] == want["train_accuracy"], pid
-    assert result.num_examples == sum(m["num_examples"] for m in metrics.values())
+    if num_examples is None:
+        num_examples = sum(m["num_examples"] for m in metrics.values())
+    assert result.num_examples == num_examples
 
 
 # ----- both engines = the per-client path -----------------------------------------------------------------------------
@@ -567,23 +570,51 @@ def test_the_device_clips_only_where_the_recipe_is_clip_only_with_server_noise()
     assert not cohort.clips_on_device(dataclasses.replace(dense, clip_norm=0.0), [""], None, names, names)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("case", ["dp_fedavg", "asam", "dp_fedavg_blur", "dp_fedsam_client", "dp_fedsam_topk_client"])
-def test_cuda_captured_engine_matches_the_sequential_engine(
-    case: str, global_weights: list[np.ndarray], float64: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The captured engine on a GPU (clip and sum on the device where the recipe allows, the per-client path from
-    its weights elsewhere) answers what the sequential engine answers, in float64."""
+# Partitions whose clients the captured engine stacks in another order than the caller's (it sorts by step count,
+# longest first: 4, 2 and 2 steps give stack positions [2, 0, 1] for these).
+PERMUTED = [5, 4, 2]
+
+
+#: Every recipe kind in the stack order, and a permuted cohort on both of the engine's paths after training (the
+#: clip and sum on the device, the per-client recipe from the unstacked weights).
+CAPTURED_CASES = [
+    *((case, PIDS) for case in ("dp_fedavg", "asam", "dp_fedavg_blur", "dp_fedsam_client", "dp_fedsam_topk_client")),
+    ("dp_fedavg", PERMUTED),
+    ("dp_fedsam_client", PERMUTED),
+]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize(("case", "pids"), CAPTURED_CASES, ids=[f"{c}-{'permuted' if p == PERMUTED else 'stacked'}"
+                                                                for c, p in CAPTURED_CASES])  # fmt: skip
+def test_captured_engine_matches_the_sequential_engine(
+    case: str, device: str, pids: list[int], global_weights: list[np.ndarray], float64: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The captured engine (CUDA graphs on a GPU; the same step run eagerly on the same buffers on the CPU; clip and
+    sum on the device where the recipe allows, the per-client path from its weights elsewhere) answers what the
+    sequential engine answers, client by client, in float64."""
     real_split = cohort.resident_split
     monkeypatch.setattr(
         cohort, "resident_split", lambda split, device: _Split(real_split(split, device).x.double(), split.y.to(device))
     )
     ins = CASES[case]()
-    want = train_cohort(global_weights, ins, PIDS, [""] * 3, "sequential")
-    got = train_cohort(global_weights, dataclasses.replace(ins, device="cuda"), PIDS, [""] * 3, "captured")
-    assert got.accepted == want.accepted and got.rejected == want.rejected
+    want = train_cohort(global_weights, ins, pids, [""] * 3, "sequential")
+    got = train_cohort(global_weights, dataclasses.replace(ins, device=device), pids, [""] * 3, "captured")
+    assert got.accepted == want.accepted == sorted(pids) and got.rejected == want.rejected
+    assert got.num_examples == want.num_examples == sum(SIZES[p] for p in pids)
     assert _max_diff(got.total, want.total) <= ATOL
-    _assert_metrics_match(got, {pid: {k: want.metrics[k][j] for k in want.metrics} for j, pid in enumerate(PIDS)})
+    expected = {pid: {k: want.metrics[k][j] for k in want.metrics} for j, pid in enumerate(want.accepted)}
+    _assert_metrics_match(got, expected, want.num_examples)
+
+
+def test_the_permuted_cohort_is_stacked_in_another_order() -> None:
+    """PERMUTED really exercises the engine's reordering: its stack order is not the caller's."""
+    config = CASES["dp_fedavg"]().training
+    assert config is not None
+    schedules = [batch_schedule(SIZES[p], config, torch.Generator().manual_seed(p)) for p in PERMUTED]
+    plan = step_plan([np.arange(SIZES[p]) for p in PERMUTED], schedules, config.batch_size, CPU)
+    assert plan.order == [2, 0, 1]
 
 
 @dataclasses.dataclass

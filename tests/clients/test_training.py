@@ -356,23 +356,29 @@ def test_empty_client_takes_no_step() -> None:
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(model), strict=True))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("optimizer", ["sgd", "sam"])
-def test_cuda_training_with_cpu_data_and_cpu_generator(optimizer: str) -> None:
+@pytest.mark.parametrize(
+    "device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+)
+def test_training_on_the_device_with_cpu_data_and_cpu_generator(optimizer: str, device: str) -> None:
+    """The model on ``device``, the data and the shuffle generator on the CPU (as a worker holds them): the model
+    stays on the device and trains as the CPU path does (on a GPU to float tolerance, on the CPU exactly)."""
     x, y = _separable(40)
-    cuda = torch.device("cuda")
+    on = torch.device(device)
     model = _bn_model()
     cfg = _config(optimizer=optimizer, epochs=3, lr=0.2)
-    result = train_local(model, x, y, cfg, 1, _gen(), cuda)
+    result = train_local(model, x, y, cfg, 1, _gen(), on)
     assert not result.diverged and result.num_steps == 15
-    assert all(p.device.type == "cuda" for p in model.parameters())
-    loss, acc = evaluate(model, x, y, cuda)
+    assert all(p.device.type == device for p in model.parameters())
+    loss, acc = evaluate(model, x, y, on)
     assert math.isfinite(loss) and 0.0 <= acc <= 1.0
     # Same shuffles as on CPU: the permutation comes from the CPU generator, not the device.
     cpu_model = _bn_model()
     train_local(cpu_model, x, y, cfg, 1, _gen(), CPU)
     for p, q in zip(model.parameters(), cpu_model.parameters(), strict=True):
         torch.testing.assert_close(p.cpu(), q, rtol=1e-3, atol=1e-4)
+        if device == "cpu":
+            assert torch.equal(p, q)
 
 
 # --- the optimizer's kernels ---------------------------------------------------------------------------
