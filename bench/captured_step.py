@@ -34,7 +34,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from clients.captured import CapturedCohort, StepPlan, captured_cohort, resident_split, step_plan, train_captured
+from clients.captured import (
+    CapturedCohort,
+    StepPlan,
+    captured_cohort,
+    resident_split,
+    step_plan,
+    step_shape,
+    train_captured,
+)
 from clients.training import LocalTrainingConfig, local_lr
 from clients.vectorized import batch_schedule, train_stacked
 from fl_app.data.datasets import TensorData, load_split
@@ -66,35 +74,53 @@ def _timed(fn: Callable[[], Any], repeats: int, device: torch.device) -> list[fl
 
 
 def step_limit(workspace: CapturedCohort, plan: StepPlan, lr: float, steps: int) -> dict[str, Any]:
-    """ms a step on the plan's first batch (every client training): replayed from its graph where the workspace
-    captures (a GPU) and eager; the limit is the faster of the two (on a CPU, the eager step: no graphs there)."""
-    k = len(plan.order)
+    """ms a step on the plan's first batch, per step shape the plan's round runs (:func:`step_shape`), each the way
+    the round runs it: replayed from its graph where the workspace has one (a GPU), else eager; and the full
+    shape eager. The round's limit is the sum over its steps (equal clients: one shape, steps × its time)."""
+    k_all = len(plan.order)
     device = workspace.x.device
     globals_ = {name: p[0].clone() for name, p in workspace.params.items()}
-    one = dataclasses.replace(plan, active=[k] * 1, index=plan.index[:1], weight=plan.weight[:1])
-    workspace.train(globals_, one, lr)  # captures the graph for k (on a GPU)
+    one = dataclasses.replace(plan, active=[k_all], index=plan.index[:1], weight=plan.weight[:1])
+    workspace.train(globals_, one, lr)  # the first batch into the static inputs (graphs: those of the rounds run)
 
-    def eager() -> None:
-        with torch.no_grad():
-            for _ in range(steps):
-                workspace.step(k)
+    def eager(shape: int) -> Callable[[], None]:
+        def run() -> None:
+            with torch.no_grad():
+                for _ in range(steps):
+                    workspace.step(shape)
 
-    out: dict[str, Any] = {"eager_step_ms": min(_timed(eager, 3, device)) / steps * 1e3, "captured_step_ms": None}
-    graph = workspace.graphs.get(k)
-    if graph is not None:
+        return run
 
-        def replay() -> None:
+    def replay(graph: torch.cuda.CUDAGraph) -> Callable[[], None]:
+        def run() -> None:
             for _ in range(steps):
                 graph.replay()
 
-        out["captured_step_ms"] = min(_timed(replay, 5, device)) / steps * 1e3
-    out["step_limit_ms"] = out["captured_step_ms"] if graph is not None else out["eager_step_ms"]
-    out["step_limit_of"] = "graph replay" if graph is not None else "eager step (no CUDA graphs on this device)"
-    return out
+        return run
+
+    shapes = [step_shape(k, workspace.capacity) for k in plan.active]
+    per_shape: dict[int, float] = {}
+    for shape in sorted(set(shapes)):
+        graph = workspace.graphs.get(shape)
+        fn = replay(graph) if graph is not None else eager(shape)
+        per_shape[shape] = min(_timed(fn, 5 if graph is not None else 3, device)) / steps * 1e3
+    full = step_shape(k_all, workspace.capacity)
+    return {
+        "eager_step_ms": min(_timed(eager(full), 3, device)) / steps * 1e3,
+        "captured_step_ms": per_shape[full] if full in workspace.graphs else None,
+        "step_ms_by_shape": {str(shape): ms for shape, ms in per_shape.items()},
+        "steps_by_shape": {str(shape): shapes.count(shape) for shape in sorted(set(shapes))},
+        "step_limit_of": "graph replay" if workspace.graphs else "eager step (no CUDA graphs on this device)",
+        "round_limit_s": sum(per_shape[shape] for shape in shapes) / 1e3,
+    }
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cohorts", choices=("equal", "app"), default="equal",
+                        help="equal: --clients × --samples; app: the app's partition and Poisson cohorts at "
+                        "bench.run's GPU overrides (unequal clients, as the app's rounds train them)")  # fmt: skip
+    parser.add_argument("--override", nargs="*", default=[], help="Hydra overrides on top of those (--cohorts app)")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--samples", type=int, default=125)
     parser.add_argument("--epochs", type=int, default=30)
@@ -108,68 +134,112 @@ def _parser() -> argparse.ArgumentParser:
                         help="cpu: the same measurements with every step eager (a smoke run; no graphs)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=4, help="torch's and OpenMP's threads (BLAS: 1)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--plan-only", action="store_true", help="count each round's steps and shapes, train nothing")
     parser.add_argument("--out", type=Path, required=True)
     return parser
 
 
 @dataclasses.dataclass
 class _Setup:
-    """What every measurement shares: the device, the resident split, the clients' rows, the config and model."""
+    """What every measurement shares: the device, the resident split, each round's clients (their rows of the
+    split), the local training config and the model."""
 
     device: torch.device
     train: TensorData
     split: TensorData
-    indices: list[np.ndarray]
+    cohorts: Callable[[int], list[np.ndarray]]
     config: LocalTrainingConfig
     model: torch.nn.Module
 
     def generators(self, round_: int) -> list[torch.Generator]:
-        return [torch.Generator().manual_seed(1000 * round_ + i) for i in range(len(self.indices))]
+        return [torch.Generator().manual_seed(1000 * round_ + i) for i in range(len(self.cohorts(round_)))]
 
     def plan(self, round_: int) -> StepPlan:
-        gens = self.generators(round_)
-        schedules = [batch_schedule(len(ix), self.config, g) for ix, g in zip(self.indices, gens, strict=True)]
-        return step_plan(self.indices, schedules, self.config.batch_size, self.device)
+        indices, gens = self.cohorts(round_), self.generators(round_)
+        schedules = [batch_schedule(len(ix), self.config, g) for ix, g in zip(indices, gens, strict=True)]
+        return step_plan(indices, schedules, self.config.batch_size, self.device)
+
+
+def _equal_cohorts(args: argparse.Namespace) -> tuple[Callable[[int], list[np.ndarray]], LocalTrainingConfig]:
+    """``--clients`` clients of ``--samples`` consecutive images, the same every round."""
+    rows = list(np.arange(args.clients * args.samples).reshape(args.clients, args.samples))
+    config = LocalTrainingConfig(
+        epochs=args.epochs, batch_size=args.batch_size, lr=0.1, momentum=0.5, weight_decay=5e-4, lr_decay=0.998,
+        **OPTIMIZERS[args.optimizer],  # type: ignore[arg-type]
+    )  # fmt: skip
+    return lambda _round: rows, config
+
+
+def _app_cohorts(args: argparse.Namespace) -> tuple[Callable[[int], list[np.ndarray]], LocalTrainingConfig]:
+    """The app's clients at bench.run's GPU overrides (plus ``--override``): its partition of the training split
+    (Dirichlet: unequal clients), a Poisson(q) cohort of them each round, and its local training (DP-FedSAM's)."""
+    from bench.run import GPU_OVERRIDES, with_overrides
+    from clients.local_update import client_indices
+    from fl_app.config import compose_config
+    from fl_app.instructions import DataSpec, local_training_config
+
+    extra = [*args.override, *([f"dataset.data_dir={args.data_dir}"] if args.data_dir else [])]
+    config = compose_config(with_overrides(GPU_OVERRIDES, *extra))
+    d = config.dataset
+    spec = DataSpec(d.name, d.data_dir or "", d.download, d.partition, d.alpha, d.num_clients, config.seed,
+                    d.max_train_samples or 0)  # fmt: skip
+    clients = [client_indices(spec, pid) for pid in range(d.num_clients)]
+    rng = np.random.default_rng(config.seed)
+    draws = rng.random((args.rounds + 2, d.num_clients)) < config.privacy.sample_rate
+    cohorts = {r: [clients[i] for i in np.flatnonzero(draws[r - 1])] for r in range(1, args.rounds + 3)}
+    return cohorts.__getitem__, local_training_config(config, "sam")
 
 
 def _setup(args: argparse.Namespace) -> _Setup:
     device = torch.device(args.device)
     train = load_split("fashion_mnist", args.data_dir, train=True)
-    rows = np.arange(args.clients * args.samples).reshape(args.clients, args.samples)
-    config = LocalTrainingConfig(
-        epochs=args.epochs, batch_size=args.batch_size, lr=0.1, momentum=0.5, weight_decay=5e-4, lr_decay=0.998,
-        **OPTIMIZERS[args.optimizer],  # type: ignore[arg-type]
-    )  # fmt: skip
+    cohorts, config = _app_cohorts(args) if args.cohorts == "app" else _equal_cohorts(args)
     model = build_model_for_dataset("cnn", "fashion_mnist", seed=0).to(device)
-    return _Setup(device, train, resident_split(train, device), list(rows), config, model)
+    return _Setup(device, train, resident_split(train, device), cohorts, config, model)
 
 
 def worker_rounds(s: _Setup, rounds: int, clip_norm: float) -> list[dict[str, Any]]:
-    """The worker's round, first (captures, on a GPU) and later (graphs cached), split into its parts."""
+    """The worker's round, first (captures, on a GPU) and later (graphs cached), split into its parts, with the
+    graphs captured, the steps replayed and those run eagerly in each."""
     out = []
+    previous: tuple[CapturedCohort | None, tuple[int, int, int]] = (None, (0, 0, 0))
     for r in range(1, rounds + 1):
+        indices = s.cohorts(r)
         _synchronize(s.device)
         t0 = time.perf_counter()
         plan = s.plan(r)
         _synchronize(s.device)
         t1 = time.perf_counter()
-        outcome = train_captured(s.model, s.split.x, s.split.y, s.indices, s.config, r, s.generators(r))
+        outcome = train_captured(s.model, s.split.x, s.split.y, indices, s.config, r, s.generators(r))
         _synchronize(s.device)
         t2 = time.perf_counter()
         reference = {name: p.detach() for name, p in s.model.named_parameters()}
         deltas = [outcome.params[n] - reference[n] for n in reference]
         clipped, _norms, finite = clip_stacked(deltas, clip_norm)
-        total = sum_rows(clipped, list(range(len(s.indices))))
+        total = sum_rows(clipped, list(range(len(indices))))
         _synchronize(s.device)
         t3 = time.perf_counter()
         host = [t.cpu().numpy() for t in total]
         t4 = time.perf_counter()
+        workspace = _workspace(s, len(indices))
+        counts = (workspace.captures, workspace.replays, workspace.eager_steps)
+        # A cohort larger than the workspace's room makes a new one (its counters start at zero).
+        before = previous[1] if previous[0] is workspace else (0, 0, 0)
+        captures, replays, eager_steps = (now - then for now, then in zip(counts, before, strict=True))
+        previous = (workspace, counts)
         out.append({
-            "round": r, "plan_s": t1 - t0, "train_captured_s": t2 - t1, "clip_sum_s": t3 - t2, "to_host_s": t4 - t3,
-            "steps": len(plan.active), "all_finite": bool(finite.all()),
+            "round": r, "clients": len(indices), "plan_s": t1 - t0, "train_captured_s": t2 - t1,
+            "clip_sum_s": t3 - t2, "to_host_s": t4 - t3, "steps": len(plan.active), "all_finite": bool(finite.all()),
             "sum_norm": float(np.sqrt(sum((h**2).sum() for h in host))),
+            "captures": captures, "replays": replays, "eager_steps": eager_steps, "capacity": workspace.capacity,
         })  # fmt: skip
     return out
+
+
+def _workspace(s: _Setup, clients: int) -> CapturedCohort:
+    """The workspace :func:`clients.captured.train_captured` used for these clients (the same key, found again)."""
+    return captured_cohort(s.model, s.split.x, s.split.y, s.config, clients, s.config.batch_size,
+                           graphs=s.device.type == "cuda")  # fmt: skip
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,24 +249,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"device": args.device, "gpu": gpu, "torch": torch.__version__}
     out["args"] = {**vars(args), "out": str(args.out)}  # a copy: the namespace keeps its Path
     out["captured_rounds"] = rounds = worker_rounds(s, args.rounds, args.clip_norm)
-    steps = rounds[-1]["steps"]
-    # The vectorized engine's round (same clients, same shuffles; data gathered from the host copy as the app does).
-    data = [(s.train.x[torch.from_numpy(ix)], s.train.y[torch.from_numpy(ix)]) for ix in s.indices]
-    vec = _timed(lambda: train_stacked(s.model, data, s.config, 2, s.generators(2), s.device), 2, s.device)
+    # The vectorized engine's round (the last round's clients and shuffles; data gathered from the host copy as the
+    # app does).
+    last = args.rounds
+    rows = [torch.from_numpy(np.array(ix)) for ix in s.cohorts(last)]  # a copy: partitions are read-only
+    data = [(s.train.x[r], s.train.y[r]) for r in rows]
+    vec = _timed(lambda: train_stacked(s.model, data, s.config, last, s.generators(last), s.device), 2, s.device)
     out["vectorized_round_s"] = min(vec)
-    # The step limit on a fixed batch.
-    plan = s.plan(1)
-    workspace = captured_cohort(s.model, s.split.x, s.split.y, s.config, len(s.indices), s.config.batch_size,
-                                graphs=s.device.type == "cuda")  # fmt: skip
-    limit = step_limit(workspace, plan, local_lr(s.config.lr, s.config.lr_decay, 1), steps=args.steps)
-    out.update(limit)
-    out["round_limit_s"] = limit["step_limit_ms"] * steps / 1e3
+    # The step limit of the last round, on a fixed batch.
+    plan = s.plan(last)
+    workspace = _workspace(s, len(plan.order))
+    out.update(step_limit(workspace, plan, local_lr(s.config.lr, s.config.lr_decay, last), steps=args.steps))
     later = [r["plan_s"] + r["train_captured_s"] + r["clip_sum_s"] + r["to_host_s"] for r in rounds[1:]] or [0.0]
     out["worker_round_s"] = statistics.median(later)
-    out["worker_round_over_limit"] = out["worker_round_s"] / out["round_limit_s"]
-    out["vectorized_over_worker_round"] = out["vectorized_round_s"] / out["worker_round_s"]
+    out["last_worker_round_s"] = later[-1]
+    out["last_worker_round_over_limit"] = later[-1] / out["round_limit_s"]
+    out["vectorized_over_last_worker_round"] = out["vectorized_round_s"] / later[-1]
     if args.profile:
-        out["profile"] = _profile(workspace, len(plan.order))
+        out["profile"] = _profile(workspace, step_shape(len(plan.order), workspace.capacity))
     return out
 
 
@@ -212,8 +282,34 @@ def _profile(workspace: CapturedCohort, k: int) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=25)
 
 
+def plan_shapes(args: argparse.Namespace) -> dict[str, Any]:
+    """Without training (any machine, seconds): per round the cohort's clients, its steps, how many distinct
+    numbers k of training clients they have (the graphs a round needs keyed by k) and how many step shapes
+    (:func:`clients.captured.step_shape`, keyed as the engine keys them)."""
+    s = _setup(argparse.Namespace(**{**vars(args), "device": "cpu"}))  # nothing runs: the plans are the host's
+    rounds, every_k = [], set()
+    for r in range(1, args.rounds + 1):
+        active = s.plan(r).active
+        every_k.update(active)
+        rounds.append({"round": r, "clients": len(s.cohorts(r)), "steps": len(active),
+                       "distinct_k": len(set(active)), "shapes": len({step_shape(k) for k in active})})  # fmt: skip
+    return {
+        "args": {**vars(args), "out": str(args.out)},
+        "rounds": rounds,
+        # Over the whole run: the graphs keyed by k it needs, and keyed by shape.
+        "run_distinct_k": len(every_k),
+        "run_shapes": len({step_shape(k) for k in every_k}),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.plan_only:
+        out = plan_shapes(args)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps({k: v for k, v in out.items() if k != "args"}))
+        return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         print("bench.captured_step --device cuda needs a CUDA device (--device cpu runs it eagerly)", file=sys.stderr)
         return 2

@@ -14,9 +14,13 @@ work, not the arithmetic, sets the pace of a small model's step. Here the same s
   static buffers of a :class:`CapturedCohort` that a worker keeps across rounds (:func:`captured_cohort`), so a
   round re-captures nothing;
 * every step has the same width W (the batch size B; shorter batches padded with zero-weight samples, as the
-  vectorized engine pads within a step), so a graph is keyed by the number k of clients still training alone.
-  Equal clients (the papers' scale) need one graph; unequal ones one per k that enough steps use
-  (:data:`MIN_STEPS_FOR_GRAPH`); the rare others run the same function eagerly on the same buffers.
+  vectorized engine pads within a step), and the k clients still training run in a step *shape* of
+  :func:`step_shape` (k) ≥ k clients, the rows past k padding only (a row without a real sample takes no step:
+  :func:`clients.vectorized.local_step`). Shapes are k itself up to 6 and then a ladder growing by ≤ 20 %, so a
+  run needs a few graphs, not one per k: with unequal clients (a Dirichlet partition, Poisson cohorts) k takes
+  most values from 1 to the cohort's size over a run, and graphs keyed by k were captured anew round after round
+  (:data:`MAX_GRAPHS` bounds those kept). A shape that too few steps use (:data:`MIN_STEPS_FOR_GRAPH`) and has no
+  graph yet runs the same function eagerly on the same buffers.
 
 The result equals the vectorized engine's to float tolerance (the same kernels on the same data; a step padded
 to the full width and the graph's replay can change the last bits). Models with buffers or dropout are refused
@@ -27,6 +31,7 @@ caller gets the clients' final weights stacked on the device (:class:`StackedOut
 from __future__ import annotations
 
 import functools
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,13 +56,37 @@ from clients.vectorized import (
 from fl_app.data.datasets import TensorData
 from fl_app.models import check_vectorizable
 
-__all__ = ["MIN_STEPS_FOR_GRAPH", "CapturedCohort", "StackedOutcome", "StepPlan", "step_plan", "train_captured"]
+__all__ = [
+    "MIN_STEPS_FOR_GRAPH",
+    "CapturedCohort",
+    "StackedOutcome",
+    "StepPlan",
+    "step_plan",
+    "step_shape",
+    "train_captured",
+]
 
 #: A step shape (k clients training) gets a graph when a round runs at least this many steps of it; capturing costs
 #: about three steps (two warm-ups and the capture), and graphs are kept across rounds.
 MIN_STEPS_FOR_GRAPH = 3
-#: Graphs kept per cohort workspace (least recently used dropped first): each holds one step's intermediates.
-MAX_GRAPHS = 8
+#: Graphs kept per cohort workspace (least recently used dropped first): each holds one step's intermediates. The
+#: shapes for cohorts of up to 100 clients are 20 (:func:`step_shape`): a run's graphs are captured once.
+MAX_GRAPHS = 24
+#: Step shapes above the first ones grow by at most this factor (the padding a step may carry).
+SHAPE_GROWTH = 1.2
+
+
+def step_shape(k: int, capacity: int | None = None) -> int:
+    """The number of stacked clients a step of k training clients runs on: the least shape ≥ k of the ladder
+    1, 2, 3, 4, 5, 6, 8, 10, 12, 15, 18, 22, 27, 33, … (each max(s + 1, ⌈1.2 s⌉)), at most ``capacity``."""
+    if k < 1:
+        raise ValueError(f"a step trains at least one client, got k={k}")
+    shape = 1
+    while shape < k:
+        shape = max(shape + 1, math.ceil(shape * SHAPE_GROWTH))
+    return shape if capacity is None else min(shape, capacity)
+
+
 #: Warm-up runs before a capture (cuBLAS / cuDNN pick and allocate their workspaces outside the graph).
 _WARMUPS = 2
 
@@ -151,7 +180,8 @@ class CapturedCohort:
         self.x, self.y = x, y
         trainable = {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
         self.reference = {name: torch.empty_like(p) for name, p in trainable.items()}
-        self.params = {name: torch.empty((capacity, *p.shape), dtype=p.dtype, device=device) for name, p in
+        # Zeros, not empty: rows past a round's cohort are padding in its larger step shapes (computed, never kept).
+        self.params = {name: torch.zeros((capacity, *p.shape), dtype=p.dtype, device=device) for name, p in
                        trainable.items()}  # fmt: skip
         self.momentum = {name: torch.zeros_like(p) for name, p in self.params.items()}
         self.index = torch.zeros((capacity, width), dtype=torch.long, device=device)
@@ -163,9 +193,11 @@ class CapturedCohort:
         self.graphs: OrderedDict[int, torch.cuda.CUDAGraph] = OrderedDict()
         self.replays = 0
         self.eager_steps = 0
+        self.captures = 0
 
     def step(self, k: int) -> None:
-        """The local step of the first k clients on the static buffers (what a graph captures)."""
+        """The local step of the first k stacked clients on the static buffers (what a graph captures); rows whose
+        weights are all zero take no step."""
         index = self.index[:k]
         local_step(
             self.grad_fn, self.config, self.lr,
@@ -186,6 +218,7 @@ class CapturedCohort:
         with torch.cuda.graph(graph):
             self.step(k)
         self.graphs[k] = graph
+        self.captures += 1
         while len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)
 
@@ -195,30 +228,38 @@ class CapturedCohort:
         if k_all > self.capacity or plan.index.shape[-1] != self.width:
             raise ValueError(f"plan of {k_all} clients × width {plan.index.shape[-1]} exceeds the workspace "
                              f"({self.capacity} × {self.width})")  # fmt: skip
+        shapes = [step_shape(k, self.capacity) for k in plan.active]
         counts: dict[int, int] = {}
-        for k in plan.active:
-            counts[k] = counts.get(k, 0) + 1
+        for shape in shapes:
+            counts[shape] = counts.get(shape, 0) + 1
         with torch.no_grad(), _train_mode(self.model):
-            for k, n in counts.items():
-                if self.capture_graphs and n >= MIN_STEPS_FOR_GRAPH and k not in self.graphs:
-                    self._capture(k)
+            for shape, n in counts.items():
+                if self.capture_graphs and n >= MIN_STEPS_FOR_GRAPH and shape not in self.graphs:
+                    self._capture(shape)
             for name, p in global_params.items():
                 self.reference[name].copy_(p)
                 self.params[name][:k_all].copy_(p.unsqueeze(0).expand_as(self.params[name][:k_all]))
                 self.momentum[name].zero_()
             self.tally.reset()
             self.lr.fill_(lr)
-            for s, k in enumerate(plan.active):
-                self.index[:k].copy_(plan.index[s, :k])
-                self.weight[:k].copy_(plan.weight[s, :k])
-                graph = self.graphs.get(k)
+            for s, (k, shape) in enumerate(zip(plan.active, shapes, strict=True)):
+                self._load_batch(plan, s, k, shape)
+                graph = self.graphs.get(shape)
                 if graph is None:
-                    self.step(k)
+                    self.step(shape)
                     self.eager_steps += 1
                 else:
-                    self.graphs.move_to_end(k)
+                    self.graphs.move_to_end(shape)
                     graph.replay()
                     self.replays += 1
+
+    def _load_batch(self, plan: StepPlan, s: int, k: int, shape: int) -> None:
+        """Step s's batches into the static inputs: the k training clients' rows, zero weight for the rest of the
+        shape (clients done training, or rows past the cohort: padding, which takes no step)."""
+        self.index[:k].copy_(plan.index[s, :k])
+        self.weight[:k].copy_(plan.weight[s, :k])
+        if shape > k:
+            self.weight[k:shape].zero_()
 
     def outcome(self, plan: StepPlan) -> StackedOutcome:
         """The round's stacked final weights (views of the workspace: read them before the next round) and results."""
@@ -256,7 +297,8 @@ def captured_cohort(
     key = (id(model), x.data_ptr(), tuple(x.shape), y.data_ptr(), constants, width, regularizer_key, graphs)
     workspace = _WORKSPACES.get(key)
     if workspace is None or workspace.capacity < clients or workspace.model is not model:
-        capacity = max(clients, workspace.capacity if workspace is not None else 0)
+        # Room for the next shape up: cohorts that vary round to round (Poisson) rarely outgrow it.
+        capacity = step_shape(max(clients, workspace.capacity if workspace is not None else 0))
         _WORKSPACES.pop(key, None)
         workspace = CapturedCohort(model, x, y, config, capacity, width, regularizer, graphs)
         _WORKSPACES[key] = workspace

@@ -196,16 +196,21 @@ class _Tally:
         for counter in (self.loss_sum, self.correct, self.seen, self.steps):
             counter.zero_()
 
-    def step(self, take: torch.Tensor, weight: torch.Tensor, data_loss: torch.Tensor, hits: torch.Tensor) -> None:
-        """Count the step of the first ``len(take)`` clients (the ones with a batch this step) that took it."""
+    def step(
+        self, take: torch.Tensor, weight: torch.Tensor, data_loss: torch.Tensor, hits: torch.Tensor,
+        stopped: torch.Tensor,
+    ) -> None:  # fmt: skip
+        """Count the step of the first ``len(take)`` clients for those that took it; those ``stopped`` (a
+        non-finite loss on a batch of theirs) train no more."""
         k = int(take.shape[0])
         real = weight.sum(dim=1).to(torch.float64)
         takef = take.to(torch.float64)
-        self.loss_sum[:k] += takef * data_loss.to(torch.float64) * real
+        # where, not a product: a row that takes no step may have a NaN loss (padding's 0/0), and 0 · NaN is NaN.
+        self.loss_sum[:k] += torch.where(take, data_loss.to(torch.float64) * real, 0.0)
         self.correct[:k] += takef * hits.to(torch.float64)
         self.seen[:k] += takef * real
         self.steps[:k] += take.to(torch.long)
-        self.alive[:k] = take
+        self.alive[:k] &= ~stopped
 
     def finish(
         self, params: Params, data: Sequence[tuple[torch.Tensor, torch.Tensor]], plan: _Plan
@@ -282,6 +287,9 @@ def local_step(
     a 0-dim tensor there.
     """
     g, (total, data_loss, hits) = grad_fn(p, xb, yb, weight, reference)
+    # A row of padding only (a client done training, run in a larger step shape by the captured engine) takes no
+    # step: its weights, momentum, tally and state stay as they are (its loss, 0/0, is NaN and is not looked at).
+    has_batch = weight.sum(dim=1) > 0
     finite = torch.isfinite(total)
     if config.optimizer == "sam":
         scaled = {name: p[name].abs() * gi for name, gi in g.items()} if config.adaptive else g
@@ -295,7 +303,7 @@ def local_step(
         g, (perturbed_total, _, _) = grad_fn(perturbed, xb, yb, weight, reference)
         finite = finite & torch.isfinite(perturbed_total)
     k = int(xb.shape[0])
-    take = tally.alive[:k] & finite
+    take = tally.alive[:k] & finite & has_batch
     for name, gi in g.items():
         d_p = gi + config.weight_decay * p[name] if config.weight_decay else gi
         buf = momentum[name]
@@ -304,7 +312,7 @@ def local_step(
         mask = _bcast(take, new_p)
         buf.copy_(torch.where(mask, new_buf, buf))
         p[name].copy_(torch.where(mask, new_p, p[name]))
-    tally.step(take, weight, data_loss, hits)
+    tally.step(take, weight, data_loss, hits, stopped=has_batch & ~finite)
 
 
 def train_stacked(
@@ -387,5 +395,5 @@ def train_stacked_noisy(
                     step = step + alpha * (p[name] - global_params[name])
                 new_p = p[name] - lr * step
                 p[name].copy_(torch.where(_bcast(take, new_p), new_p, p[name]))
-            tally.step(take, weight, data_loss, hits)
+            tally.step(take, weight, data_loss, hits, stopped=~take)
     return tally.finish(params, data, plan)

@@ -27,21 +27,47 @@ def fashion_mnist() -> None:
         pytest.skip(f"Fashion-MNIST not installed ({FASHION_MNIST_SYSTEM_DIR})")
 
 
+def _check_figures(result: dict, rounds: int) -> None:
+    assert result["device"] == "cpu" and result["gpu"] is None
+    assert [r["round"] for r in result["captured_rounds"]] == list(range(1, rounds + 1))
+    for r in result["captured_rounds"]:
+        assert r["all_finite"] and r["sum_norm"] > 0
+        assert r["captures"] == r["replays"] == 0 and r["eager_steps"] == r["steps"]  # no graphs on a CPU
+        assert r["capacity"] >= r["clients"]
+    assert result["captured_step_ms"] is None and result["step_limit_of"].startswith("eager")
+    by_shape, steps = result["step_ms_by_shape"], result["steps_by_shape"]
+    assert sum(steps.values()) == result["captured_rounds"][-1]["steps"]
+    assert result["round_limit_s"] == pytest.approx(sum(by_shape[k] * n for k, n in steps.items()) / 1e3)
+    for key in ("worker_round_s", "last_worker_round_over_limit", "vectorized_round_s",
+                "vectorized_over_last_worker_round", "eager_step_ms"):  # fmt: skip
+        assert math.isfinite(result[key]) and result[key] > 0, key
+
+
 def test_cpu_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "deep" / "result.json"
     assert main(["--device", "cpu", "--profile", *TINY, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["device"] == "cpu" and result["gpu"] is None
+    _check_figures(result, rounds=2)
     assert result["args"]["out"] == str(out) and result["args"]["clients"] == 3  # the namespace's copy, as given
-    assert [r["round"] for r in result["captured_rounds"]] == [1, 2]
-    for r in result["captured_rounds"]:
-        assert r["steps"] == 2 and r["all_finite"] and r["sum_norm"] > 0  # 8 samples, B = 4, one epoch
-    assert result["captured_step_ms"] is None and result["step_limit_of"].startswith("eager")
-    assert result["step_limit_ms"] == result["eager_step_ms"] > 0
-    assert result["round_limit_s"] == pytest.approx(result["step_limit_ms"] * 2 / 1e3)
-    for key in ("worker_round_s", "worker_round_over_limit", "vectorized_round_s", "vectorized_over_worker_round"):
-        assert math.isfinite(result[key]) and result[key] > 0, key
+    assert [r["steps"] for r in result["captured_rounds"]] == [2, 2]  # 8 samples, B = 4, one epoch
+    assert result["steps_by_shape"] == {"3": 2}  # equal clients: one shape, the cohort's
+    assert result["round_limit_s"] == pytest.approx(result["step_ms_by_shape"]["3"] * 2 / 1e3)
     assert "aten::" in result["profile"]
+
+
+def test_cpu_smoke_run_on_the_apps_unequal_cohorts(tmp_path: Path) -> None:
+    """--cohorts app: the app's Dirichlet partition and a Poisson cohort each round (bench.run's GPU overrides,
+    shrunk): unequal clients, so the round's steps run in several shapes."""
+    out = tmp_path / "result.json"
+    shrink = ["dataset.max_train_samples=400", "dataset.num_clients=12", "privacy.sample_rate=0.6",
+              "client.local_epochs=1", "client.batch_size=8"]  # fmt: skip
+    argv = ["--device", "cpu", "--cohorts", "app", "--override", *shrink, "--rounds", "3", "--steps", "1"]
+    assert main([*argv, "--threads", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    _check_figures(result, rounds=3)
+    clients = [r["clients"] for r in result["captured_rounds"]]
+    assert len(set(clients)) > 1 and all(0 < c <= 12 for c in clients)  # Poisson: cohorts of different sizes
+    assert len(result["steps_by_shape"]) > 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -49,3 +75,14 @@ def test_cuda_without_a_gpu_is_refused(tmp_path: Path, capsys: pytest.CaptureFix
     assert main([*TINY, "--out", str(tmp_path / "r.json")]) == 2
     assert "--device cpu" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_plan_only_counts_each_rounds_steps_k_and_shapes(tmp_path: Path) -> None:
+    shrink = ["dataset.max_train_samples=400", "dataset.num_clients=12", "privacy.sample_rate=0.6"]
+    out = tmp_path / "plan.json"
+    assert main(["--cohorts", "app", "--override", *shrink, "--rounds", "4", "--plan-only", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["round"] for r in result["rounds"]] == [1, 2, 3, 4]
+    for r in result["rounds"]:
+        assert r["steps"] > 0 and 1 <= r["shapes"] <= r["distinct_k"] <= r["clients"]
+    assert result["run_shapes"] <= result["run_distinct_k"]

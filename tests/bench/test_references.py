@@ -321,7 +321,7 @@ def test_gpu_case_assembles_its_contenders_and_ratios(monkeypatch: pytest.Monkey
     assert batched_cmd[2] == "bench.batched" and "--device" in batched_cmd and "num_rounds=6" in batched_cmd
     assert "+scale=paper" in batched_cmd and "dataset.num_clients=167" in batched_cmd
     step_cmd = calls[5][1]
-    assert step_cmd[2] == "bench.captured_step" and step_cmd[step_cmd.index("--clients") + 1] == "50"
+    assert step_cmd[2] == "bench.captured_step" and step_cmd[step_cmd.index("--cohorts") + 1] == "app"
     assert "simulation.client_gpus=1" in calls[6][1] and "simulation.cohort_engine=captured" in calls[6][1]
     assert result["captured_round_s"] == 0.6
     assert result["ratio_captured_over_limit"] == pytest.approx(1.2)

@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
+import math
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pytest
 import torch
 
-from clients.captured import MIN_STEPS_FOR_GRAPH, CapturedCohort, captured_cohort, step_plan, train_captured
+from clients.captured import (
+    MAX_GRAPHS,
+    MIN_STEPS_FOR_GRAPH,
+    CapturedCohort,
+    captured_cohort,
+    step_plan,
+    step_shape,
+    train_captured,
+)
 from clients.vectorized import batch_schedule, train_stacked
 from fl_app.config import ConfigError
 from fl_app.instructions import resolve_cohort_engine
@@ -97,6 +107,19 @@ def test_step_plan_pads_every_batch_to_the_width_and_stacks_longest_first() -> N
             assert set(plan.index[s, position, n:].tolist()) <= {int(indices[i][batch[0]])}  # padding: a real row
         for s in range(len(schedules[i]), plan.index.shape[0]):  # past its end: nothing of the client's
             assert plan.weight[s, position].sum() == 0.0
+
+
+def test_step_shapes_are_a_ladder_growing_by_at_most_a_fifth() -> None:
+    assert [step_shape(k) for k in range(1, 35)] == [
+        1, 2, 3, 4, 5, 6, 8, 8, 10, 10, 12, 12, 15, 15, 15, 18, 18, 18, 22, 22, 22, 22, 27, 27, 27, 27, 27,
+        33, 33, 33, 33, 33, 33, 40,
+    ]  # fmt: skip
+    shapes = sorted({step_shape(k) for k in range(1, 101)})
+    assert len(shapes) == 20 <= MAX_GRAPHS  # a run of cohorts up to 100 clients captures each shape once
+    assert all(b <= max(a + 1, math.ceil(1.2 * a)) for a, b in itertools.pairwise(shapes))
+    assert step_shape(7, capacity=7) == 7 and step_shape(9, capacity=100) == 10
+    with pytest.raises(ValueError, match="at least one"):
+        step_shape(0)
 
 
 def test_step_plan_refuses_a_batch_wider_than_the_width() -> None:
@@ -197,6 +220,34 @@ def test_unequal_clients_capture_only_frequent_shapes(device: torch.device) -> N
         assert list(workspace.graphs) == [2] and workspace.eager_steps == 1 and workspace.replays == 5
     reference = _reference(model.cpu(), data, config, _seeds(3), server_round=1)
     _assert_matches(_on_cpu(outcome.params, outcome.order), outcome.results, reference)
+
+
+def test_padded_step_shapes_leave_finished_clients_and_rows_past_the_cohort_untouched(device: torch.device) -> None:
+    """Ten clients (18, 15, 15, 12, 9, 6, 6, 3, 3 and 0 steps): 9, 7 and 5 training clients run in shapes of 10, 8
+    and 5, so a client done training (and the empty one) sits in a padded row while others step. Then seven of them
+    on the same workspace: 7 clients run in a shape of 8, whose last row holds the first cohort's weights. Every
+    client gets what the per-client loop gives."""
+    config = dataclasses.replace(BASE, epochs=3, max_steps=None, **OPTIMIZERS["sam"])  # type: ignore[arg-type]
+    sizes = (47, 40, 33, 32, 24, 16, 13, 8, 5, 0)
+    data = _data(sizes, seed=8)
+    model = _small_model(seed=5).to(device)
+    x, y, indices = _split(data, device)
+    outcome = train_captured(model, x, y, indices, config, 1, _gens(_seeds(10)))
+    workspace = captured_cohort(model, x, y, config, 10, config.batch_size, graphs=device.type == "cuda")
+    assert workspace.capacity == 10
+    assert [r.num_steps for r in outcome.results] == [18, 15, 15, 12, 9, 6, 6, 3, 3, 0]
+    if device.type == "cuda":  # shapes 10, 8, 5, 4, 3 and 1, three steps each
+        assert sorted(workspace.graphs) == [1, 3, 4, 5, 8, 10] and workspace.eager_steps == 0
+    reference = _reference(model.cpu(), data, config, _seeds(10), server_round=1)
+    _assert_matches(_on_cpu(outcome.params, outcome.order), outcome.results, reference)
+
+    model.to(device)
+    seven = indices[:7]
+    later = train_captured(model, x, y, seven, config, 2, _gens(_seeds(7)))
+    assert captured_cohort(model, x, y, config, 7, config.batch_size, graphs=device.type == "cuda") is workspace
+    assert step_shape(7, workspace.capacity) == 8  # the row past the cohort is padding
+    reference = _reference(model.cpu(), data[:7], config, _seeds(7), server_round=2)
+    _assert_matches(_on_cpu(later.params, later.order), later.results, reference)
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "sam"])
