@@ -1,20 +1,28 @@
 """The GPU's compute limit for a cohort round, and where a worker's round goes (the captured engine).
 
-``python -m bench.captured_step [--clients K] [--samples N] [--epochs E] [--optimizer sgd|sam|asam]
-[--data-dir DIR] [--profile] --out result.json`` on a CUDA machine (``--device cpu``: the same figures with every
-step eager, the smoke run CI makes at a tiny size). For K clients of N real Fashion-MNIST images
-each (the papers' scale: K = 50, N = 125, E = 30, ASAM ρ = 0.5, B = 32, the paper CNN), it measures in one process:
+``python -m bench.captured_step [--cohorts equal|app] [--clients K] [--samples N] [--epochs E]
+[--optimizer sgd|sam|asam] [--override HYDRA ...] [--data-dir DIR] [--profile] [--plan-only] --out result.json`` on a
+CUDA machine (``--device cpu``: the same figures with every step eager, the smoke runs CI makes at a tiny size).
+The clients: ``equal`` (default), K clients of N consecutive real Fashion-MNIST images each, the same every round
+(K = 50, N = 125, E = 30, ASAM ρ = 0.5, B = 32: the papers' scale with equal clients); ``app``, the app's own at
+bench.run's GPU overrides — its Dirichlet partition, a Poisson(q) cohort each round and DP-FedSAM's local training —
+so that the worker's round is the one the app's rounds run (unequal clients: more steps, most of them narrower, in
+several step shapes). It measures in one process:
 
-* **the step limit**: the captured step (:class:`clients.captured.CapturedCohort`, one CUDA graph) replayed on one
-  fixed batch, ms a step; × the round's steps = the least a round of these clients can take with this step on this
-  GPU (no data movement, no plan, no clipping) — the ratio the app is reported against;
-* the same step run eagerly (the vectorized engine's kernels launched one by one from Python), ms a step;
-* **the worker's round split**: one round of :func:`clients.captured.train_captured` from the first call (graph
-  capture included) and again (graphs cached), split into the plan (shuffles replayed, one host-to-device copy),
-  the steps, the clip and the sum on the device (:func:`clients.cohort.clip_and_sum_stacked`'s math,
-  :mod:`fl_app.privacy.stacked`) and the sum's copy to the host; and the vectorized engine's round
-  (:func:`clients.vectorized.train_stacked`) for comparison;
-* with ``--profile``, the eager step's top CUDA kernels (torch.profiler), to say what the step's time is made of.
+* **the round's limit**: for each step shape of the last round (:func:`clients.captured.step_shape`), the step on a
+  fixed batch as the round runs it (its CUDA graph replayed where there is one, else eager), ms a step; summed
+  over the round's steps = the least that round can take with this step on this device (no data movement, no
+  plan, no clipping) — the figure the worker's and the app's rounds are reported against; ``captured_step_ms`` is
+  the full-width step replayed;
+* the full-width step run eagerly (the vectorized engine's kernels launched one by one from Python), ms a step;
+* **the worker's round split**: each round of :func:`clients.captured.train_captured` (the first captures), split
+  into the plan (shuffles replayed, one host-to-device copy), the steps, the clip and the sum on the device
+  (:func:`clients.cohort.clip_and_sum_stacked`'s math, :mod:`fl_app.privacy.stacked`) and the sum's copy to the
+  host, with the graphs it captured and the steps it replayed or ran eagerly; and the vectorized engine's round
+  (:func:`clients.vectorized.train_stacked`) on the last round's clients for comparison;
+* with ``--profile``, the eager step's top CUDA kernels (CPU operators on a CPU), to say what the step is made of;
+* with ``--plan-only`` (any machine, seconds, nothing trained): per round its steps, the distinct numbers k of
+  training clients and the step shapes, and over the run the graphs keyed by k against keyed by shape.
 
 Every figure is a median over repeats, synchronised with the device; threads pinned (torch, OpenMP, BLAS).
 """
