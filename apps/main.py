@@ -29,7 +29,7 @@ from omegaconf import DictConfig
 
 from apps.local_ray import start_local_ray, use_ray_env, worker_runtime_env
 from fl_app.allocator import limit_malloc_arenas
-from fl_app.checkpoint import resolve_resume
+from fl_app.checkpoint import resolve_start
 from fl_app.config import AppConfig, ConfigError, load_app_config
 from fl_app.config.known_keys import check_override_keys
 from fl_app.config.overrides import CONF_DIR
@@ -255,13 +255,16 @@ def main(cfg: DictConfig) -> float:
     import strategies.registry  # noqa: F401
 
     try:
-        config = resolve_resume(load_app_config(cfg))
-        output_dir = Path(config.output_dir or HydraConfig.get().runtime.output_dir)
-        server_run = preflight(config, output_dir)
+        start = resolve_start(load_app_config(cfg), Path(HydraConfig.get().runtime.output_dir))
+        config, output_dir = start.config, start.output_dir
+        server_run = None if start.completed else preflight(config, output_dir)
     except (ConfigError, ConnectionError, DatasetUnavailableError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    run(server_run)
+    if server_run is None:  # resume=auto, and the run there has completed: a sweep job already done
+        print(f"{output_dir}: this run has completed already (resume=auto); nothing to run")
+    else:
+        run(server_run)
     from fl_app.metrics import read_metrics
 
     records = read_metrics(output_dir / "metrics.jsonl")

@@ -26,7 +26,7 @@ from flwr.serverapp.strategy import Result
 from apps.engine_watch import watching_the_engine
 from fl_app.allocator import limit_malloc_arenas
 from fl_app.central_evaluation import central_evaluate_fn
-from fl_app.checkpoint import Checkpoint, load_checkpoint, resolve_resume
+from fl_app.checkpoint import Checkpoint, load_checkpoint, refuse_held_run, resolve_start
 from fl_app.config import AppConfig, ConfigError, compose_config, overrides_from_run_config
 from fl_app.core.atomic import atomic_write
 from fl_app.metrics import MetricsWriter, write_json_atomic
@@ -89,6 +89,8 @@ class ServerRun:
         started_unix = time.time()
         # A no-op where the Hydra entry point did it already; early enough for the threads this run starts.
         limit_malloc_arenas()
+        if config.resume is None:
+            refuse_held_run(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         model = build_model_for_dataset(config.model.name, config.dataset.name, seed=config.seed)
         initial = get_weights(model)
@@ -207,6 +209,9 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """``flwr run`` front door: compose conf/ with the run-config, validate, run."""
-    config = resolve_resume(compose_config(overrides_from_run_config(context.run_config)))
-    output_dir = Path(config.output_dir) if config.output_dir else default_output_dir(config)
-    run_federated(grid, config, output_dir)
+    config = compose_config(overrides_from_run_config(context.run_config))
+    start = resolve_start(config, Path(config.output_dir) if config.output_dir else default_output_dir(config))
+    if start.completed:
+        log(INFO, "%s: this run has completed already (resume=auto); nothing to run", start.output_dir)
+        return
+    run_federated(grid, start.config, start.output_dir)

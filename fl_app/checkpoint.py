@@ -26,6 +26,7 @@ import numpy as np
 
 from fl_app.config import AppConfig, upgrade_stored_config, validate
 from fl_app.core.atomic import atomic_write
+from fl_app.releases import RELEASES_FILE
 
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT_VERSION = 1
@@ -99,3 +100,91 @@ def resolve_resume(config: AppConfig) -> AppConfig:
             "resume: using the checkpoint's config; ignoring the given values of %s", ", ".join(ignored)
         )
     return resumed
+
+
+#: Files a run writes into its output directory: any of them there means the directory holds a run.
+RUN_FILES = ("run.json", "metrics.jsonl", RELEASES_FILE, CHECKPOINT_FILE)
+
+
+def held_run(output_dir: Path) -> dict[str, Any] | None:
+    """What ``output_dir`` holds of a run (its ``run.json``, or ``{}`` when only other run files are there), or None
+    when it holds none."""
+    if not any((output_dir / name).exists() for name in RUN_FILES):
+        return None
+    try:
+        return dict(json.loads((output_dir / "run.json").read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def refuse_held_run(output_dir: Path) -> None:
+    """A new run must not write into a directory that holds another: its metrics would follow the other's lines and
+    its releases the other's log. Raises ValueError saying how to continue that run instead."""
+    held = held_run(output_dir)
+    if held is None:
+        return
+    status = held.get("status", "unknown")
+    if status == "completed":
+        how = "write elsewhere (in a sweep, resume=auto skips a completed job)"
+    else:
+        how = f"continue it with resume={output_dir} (resume=auto in a sweep), or write elsewhere"
+    raise ValueError(f"output_dir {output_dir} already holds a run (status {status}): {how}")
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """How a run begins: its config (``resume`` set to the run directory when it continues a checkpointed run) and
+    directory, or ``completed``: ``resume=auto`` found the run there already completed, and nothing is to run."""
+
+    config: AppConfig
+    output_dir: Path
+    completed: bool = False
+
+
+def resolve_start(config: AppConfig, default_output_dir: Path) -> RunStart:
+    """The run ``config`` asks for, in ``config.output_dir`` (else ``default_output_dir``).
+
+    ``resume=<run dir>``: :func:`resolve_resume`. ``resume=auto`` (a sweep that continues where it stopped, on this
+    machine or another): a directory that holds no run starts one; one that holds a completed run is done; one
+    that holds a checkpointed run continues it, provided it was started with this very config (a job of the same
+    sweep), else ValueError naming the keys that differ; a run without a checkpoint cannot be continued
+    (ValueError: its releases are logged, and restarting it would hide them).
+    """
+    if config.resume is not None and config.resume != "auto":
+        resumed = resolve_resume(config)
+        return RunStart(resumed, Path(str(resumed.output_dir)))
+    output_dir = Path(config.output_dir) if config.output_dir else default_output_dir
+    if config.resume is None:
+        return RunStart(config, output_dir)
+    fresh = replace(config, resume=None)
+    held = held_run(output_dir)
+    if held is None:
+        return RunStart(fresh, output_dir)
+    if held.get("status") == "completed":
+        return RunStart(fresh, output_dir, completed=True)
+    if not (output_dir / CHECKPOINT_FILE).exists():
+        raise ValueError(
+            f"resume=auto: {output_dir} holds a run (status {held.get('status', 'unknown')}) without a "
+            f"{CHECKPOINT_FILE}: it cannot be continued, and the models it released are in its releases.jsonl; "
+            "move it away to start again"
+        )
+    stored = validate(upgrade_stored_config(load_checkpoint(output_dir).config))
+    mine, theirs = _flat(fresh.to_dict()), _flat(stored.to_dict())
+    differ = sorted(k for k in mine.keys() | theirs.keys() if k.split(".")[0] not in ("resume", "output_dir")
+                    and mine.get(k) != theirs.get(k))  # fmt: skip
+    if differ:
+        raise ValueError(
+            f"resume=auto: {output_dir} holds a run of another config (it differs in {', '.join(differ)}); "
+            f"continue it with resume={output_dir}, or write elsewhere"
+        )
+    return RunStart(replace(stored, resume=str(output_dir.resolve()), output_dir=str(output_dir.resolve())), output_dir)
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
