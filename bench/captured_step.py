@@ -20,6 +20,8 @@ several step shapes). It measures in one process:
   (:func:`clients.cohort.clip_and_sum_stacked`'s math, :mod:`fl_app.privacy.stacked`) and the sum's copy to the
   host, with the graphs it captured and the steps it replayed or ran eagerly; and the vectorized engine's round
   (:func:`clients.vectorized.train_stacked`) on the last round's clients for comparison;
+* with ``--variants``, the full-width step's other formulations (bench/step_variants.py: convolutions as batched
+  GEMMs, bf16 autocast, both) timed as the engine would run them, against its own, with TFLOP/s;
 * with ``--profile``, the eager step's top CUDA kernels (CPU operators on a CPU), to say what the step is made of;
 * with ``--plan-only`` (any machine, seconds, nothing trained): per round its steps, the distinct numbers k of
   training clients and the step shapes, and over the run the graphs keyed by k against keyed by shape.
@@ -142,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="cpu: the same measurements with every step eager (a smoke run; no graphs)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=4, help="torch's and OpenMP's threads (BLAS: 1)")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--variants", action="store_true",
+                        help="also time the step's other formulations (bench/step_variants.py)")  # fmt: skip
     parser.add_argument("--plan-only", action="store_true", help="count each round's steps and shapes, train nothing")
     parser.add_argument("--out", type=Path, required=True)
     return parser
@@ -273,6 +277,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     out["last_worker_round_s"] = later[-1]
     out["last_worker_round_over_limit"] = later[-1] / out["round_limit_s"]
     out["vectorized_over_last_worker_round"] = out["vectorized_round_s"] / later[-1]
+    if args.variants:
+        from bench.step_variants import time_variants
+
+        lr = local_lr(s.config.lr, s.config.lr_decay, last)
+        out["step_variants"] = time_variants(s.model, s.split.x, s.split.y, s.config, plan, lr, args.steps)
     if args.profile:
         out["profile"] = _profile(workspace, step_shape(len(plan.order), workspace.capacity))
     return out

@@ -45,7 +45,7 @@ def _check_figures(result: dict, rounds: int) -> None:
 
 def test_cpu_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "deep" / "result.json"
-    assert main(["--device", "cpu", "--profile", *TINY, "--out", str(out)]) == 0
+    assert main(["--device", "cpu", "--profile", "--variants", *TINY, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     _check_figures(result, rounds=2)
     assert result["args"]["out"] == str(out) and result["args"]["clients"] == 3  # the namespace's copy, as given
@@ -53,6 +53,9 @@ def test_cpu_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     assert result["steps_by_shape"] == {"3": 2}  # equal clients: one shape, the cohort's
     assert result["round_limit_s"] == pytest.approx(result["step_ms_by_shape"]["3"] * 2 / 1e3)
     assert "aten::" in result["profile"]
+    variants = result["step_variants"]
+    assert {"default", "gemm", "bf16", "gemm+bf16"} <= set(variants)
+    assert variants["gemm"]["max_abs_diff_vs_default"] < 1e-5
 
 
 def test_cpu_smoke_run_on_the_apps_unequal_cohorts(tmp_path: Path) -> None:
