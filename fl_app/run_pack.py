@@ -6,6 +6,8 @@ run, or a sweep of them: every file under it — checkpoints, run.json, metrics,
 configs) as one xz-compressed tar stream cut into parts ``<dest>/<dir name>.tar.xz.000``, ``.001``, … of at most
 ``--part-mib`` MiB each; more than ``--max-parts`` parts is refused (the parts written are removed, the largest files
 named), since what carries them back (a lent machine's output folder) takes a bounded number of bounded files.
+``--lean`` leaves out the final models and the checkpoints of completed runs: neither continuing a sweep nor its
+report reads them, and they are most of its bytes (a model each), where the way in to a machine is tighter still.
 
 ``python -m fl_app.run_pack unpack <dest> <target>`` joins the parts found in ``<dest>`` in order and extracts them
 under ``<target>``, which then holds ``<dir name>/`` as it was. A missing or damaged part fails the unpacking (xz
@@ -17,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import lzma
 import sys
 import tarfile
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from pathlib import Path, PurePosixPath
 
 MIB = 1 << 20
 SUFFIX = ".tar.xz"
@@ -73,8 +76,32 @@ class _PartWriter(io.RawIOBase):
         super().close()
 
 
-def pack(source: Path, dest: Path, part_mib: float = 16, max_parts: int = 8) -> list[Path]:
-    """``source`` (a directory) into at most ``max_parts`` parts of ``part_mib`` MiB in ``dest``; the parts."""
+#: What ``lean`` leaves out: each run's final model, and the checkpoint of a run that has completed.
+LEAN_LEAVES_OUT = ("final_model.npz", "checkpoint.npz of a completed run")
+
+
+def _lean_filter(source: Path) -> Callable[[tarfile.TarInfo], tarfile.TarInfo | None]:
+    completed = set()
+    for run_json in source.rglob("run.json"):
+        try:
+            if json.loads(run_json.read_text()).get("status") == "completed":
+                completed.add(run_json.parent.relative_to(source.parent).as_posix())
+        except (OSError, ValueError):
+            continue
+
+    def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        path = PurePosixPath(member.name)
+        if path.name == "final_model.npz" or (path.name == "checkpoint.npz" and str(path.parent) in completed):
+            return None
+        return member
+
+    return keep
+
+
+def pack(source: Path, dest: Path, part_mib: float = 16, max_parts: int = 8, lean: bool = False) -> list[Path]:
+    """``source`` (a directory) into at most ``max_parts`` parts of ``part_mib`` MiB in ``dest``; the parts.
+    ``lean``: without :data:`LEAN_LEAVES_OUT` — what continuing the runs (``resume=auto``) and reporting them do
+    not read, the bulk of a sweep's bytes — for carrying a sweep *to* a machine whose inputs are bounded."""
     source = source.resolve()
     if not source.is_dir():
         raise NotADirectoryError(f"{source} is not a directory")
@@ -86,7 +113,7 @@ def pack(source: Path, dest: Path, part_mib: float = 16, max_parts: int = 8) -> 
     try:
         # xz's fastest preset: model weights barely compress at any preset (~0.92), and each block is checked.
         with lzma.LZMAFile(writer, "w", preset=0) as xz, tarfile.open(fileobj=xz, mode="w|") as tar:
-            tar.add(source, arcname=source.name)
+            tar.add(source, arcname=source.name, filter=_lean_filter(source) if lean else None)
     except TooManyPartsError as exc:
         writer.close()
         for part in writer.parts:
@@ -152,13 +179,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("dest", type=Path)
     p.add_argument("--part-mib", type=float, default=16)
     p.add_argument("--max-parts", type=int, default=8)
+    p.add_argument("--lean", action="store_true", help=f"leave out {' and '.join(LEAN_LEAVES_OUT)}")
     u = sub.add_parser("unpack", help="the parts in a directory back into directories")
     u.add_argument("dest", type=Path)
     u.add_argument("target", type=Path)
     args = parser.parse_args(argv)
     try:
         if args.command == "pack":
-            for part in pack(args.source, args.dest, args.part_mib, args.max_parts):
+            for part in pack(args.source, args.dest, args.part_mib, args.max_parts, args.lean):
                 print(f"{part} ({part.stat().st_size / MIB:.2f} MiB)")
         else:
             for directory in unpack(args.dest, args.target):

@@ -96,16 +96,20 @@ def test_resume_auto_refuses_another_config_and_a_run_without_a_checkpoint(tmp_p
 
 
 def test_a_killed_sweep_carried_to_another_machine_ends_as_if_never_interrupted(tmp_path: Path) -> None:
-    """Two jobs of a sweep: one completed, one killed in round 4. The sweep directory is packed into bounded parts,
-    unpacked elsewhere, and run again with resume=auto: the completed job is skipped, the killed one continues
+    """Two jobs of a sweep: one completed, one killed in round 4. The sweep directory is packed lean into bounded
+    parts, unpacked elsewhere, and run again with resume=auto: the completed job is skipped, the killed one continues
     (a seeded re-run of round 3 repeats its logged release) and ends with the model and ε of an uninterrupted run."""
     sweep = tmp_path / "machine_a" / "sweep"
     _run(sweep / "0", "seed=1")
     _killed(sweep / "1")
-    parts = pack(sweep, tmp_path / "carried", part_mib=4, max_parts=8)
+    parts = pack(sweep, tmp_path / "carried", part_mib=4, max_parts=8, lean=True)
     assert 1 < len(parts) <= 8 and all(p.stat().st_size <= 4 * 2**20 for p in parts)
     (moved,) = unpack(tmp_path / "carried", tmp_path / "machine_b")
     assert moved == tmp_path / "machine_b" / "sweep"
+    # Lean: the completed job without its model and checkpoint (its records are all a report reads).
+    assert not (moved / "0" / "final_model.npz").exists() and not (moved / "0" / CHECKPOINT_FILE).exists()
+    assert (moved / "0" / "metrics.jsonl").read_bytes() == (sweep / "0" / "metrics.jsonl").read_bytes()
+    assert (moved / "1" / CHECKPOINT_FILE).read_bytes() == (sweep / "1" / CHECKPOINT_FILE).read_bytes()
 
     assert _start(moved / "0", "seed=1", "resume=auto").completed
     _run(moved / "1", "resume=auto")

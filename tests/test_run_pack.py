@@ -38,6 +38,18 @@ def test_pack_and_unpack_give_the_directory_back_in_bounded_parts(sweep: Path, t
     assert _tree(tmp_path / "b" / "sweep") == _tree(sweep)
 
 
+def test_lean_leaves_out_final_models_and_completed_runs_checkpoints(sweep: Path, tmp_path: Path) -> None:
+    (sweep / "0" / "run.json").write_text('{"status": "completed"}')
+    (sweep / "1" / "run.json").write_text('{"status": "running"}')
+    for job in ("0", "1"):
+        (sweep / job / "final_model.npz").write_bytes(b"model")
+    pack(sweep, tmp_path / "parts", lean=True)
+    unpack(tmp_path / "parts", tmp_path / "b")
+    got, full = _tree(tmp_path / "b" / "sweep"), _tree(sweep)
+    assert set(full) - set(got) == {"0/final_model.npz", "1/final_model.npz", "0/checkpoint.npz"}
+    assert all(got[name] == full[name] for name in got)
+
+
 def test_too_many_parts_is_refused_and_leaves_nothing(sweep: Path, tmp_path: Path) -> None:
     with pytest.raises(TooManyPartsError, match=r"more than 2 parts of 0\.25 MiB .*checkpoint\.npz"):
         pack(sweep, tmp_path / "parts", part_mib=0.25, max_parts=2)
