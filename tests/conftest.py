@@ -73,3 +73,14 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             super()._assign_work_unit(node)
 
     return IntegrationUnits(config, log)
+
+
+@pytest.fixture(scope="session")
+def fashion_mnist() -> None:
+    """Skips the tests that use it where Fashion-MNIST is not installed (``scripts/setup.sh`` installs it)."""
+    from fl_app.data.datasets import FASHION_MNIST_SYSTEM_DIR, DatasetUnavailableError, load_dataset
+
+    try:
+        load_dataset("fashion_mnist")
+    except DatasetUnavailableError:
+        pytest.skip(f"Fashion-MNIST not installed ({FASHION_MNIST_SYSTEM_DIR})")

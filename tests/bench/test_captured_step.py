@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from bench.captured_step import main
-from fl_app.data.datasets import FASHION_MNIST_SYSTEM_DIR, DatasetUnavailableError, load_dataset
 
 # --threads 1: the run pins the process's thread pools, and this is the test process (tests/conftest.py pins it to
 # its share of the cores, one thread on two cores).
@@ -19,12 +18,7 @@ TINY = ["--clients", "3", "--samples", "8", "--epochs", "1", "--batch-size", "4"
         "--threads", "1"]  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fashion_mnist() -> None:
-    try:
-        load_dataset("fashion_mnist")
-    except DatasetUnavailableError:
-        pytest.skip(f"Fashion-MNIST not installed ({FASHION_MNIST_SYSTEM_DIR})")
+pytestmark = pytest.mark.usefixtures("fashion_mnist")  # tests/conftest.py: skipped where it is not installed
 
 
 def _check_figures(result: dict, rounds: int) -> None:

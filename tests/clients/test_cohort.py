@@ -38,7 +38,6 @@ from clients.recipes import privatize_update
 from clients.training import NoisyLocalConfig
 from clients.vectorized import batch_schedule, train_stacked
 from fl_app.config import AppConfig, compose_config
-from fl_app.data.datasets import FASHION_MNIST_SYSTEM_DIR, DatasetUnavailableError, load_dataset
 from fl_app.instructions import DataSpec, RecipeSpec, TrainInstructions, local_training_config, make_train_instructions
 from fl_app.models import build_model_for_dataset, get_weights, set_weights, weight_names
 from fl_app.privacy import mechanisms as mech
@@ -64,12 +63,7 @@ SERVER_ROUND = 3  # the learning-rate decay and the round's streams are not thos
 Recorded = dict[int, list[np.ndarray]]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fashion_mnist() -> None:
-    try:
-        load_dataset("fashion_mnist")
-    except DatasetUnavailableError:
-        pytest.skip(f"Fashion-MNIST not installed ({FASHION_MNIST_SYSTEM_DIR})")
+pytestmark = pytest.mark.usefixtures("fashion_mnist")  # tests/conftest.py: skipped where it is not installed
 
 
 @pytest.fixture(autouse=True)
