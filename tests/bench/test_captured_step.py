@@ -21,7 +21,8 @@ TINY = ["--clients", "3", "--samples", "8", "--epochs", "1", "--batch-size", "4"
 pytestmark = pytest.mark.usefixtures("fashion_mnist")  # tests/conftest.py: skipped where it is not installed
 
 
-def _check_figures(result: dict, rounds: int) -> None:
+def check_figures(result: dict, rounds: int) -> None:
+    """What every run of bench.captured_step on the CPU writes (also tests/bench/test_gpu_session.py's)."""
     assert result["device"] == "cpu" and result["gpu"] is None
     assert [r["round"] for r in result["captured_rounds"]] == list(range(1, rounds + 1))
     for r in result["captured_rounds"]:
@@ -41,7 +42,7 @@ def test_cpu_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     out = tmp_path / "deep" / "result.json"
     assert main(["--device", "cpu", "--profile", "--variants", *TINY, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    _check_figures(result, rounds=2)
+    check_figures(result, rounds=2)
     assert result["args"]["out"] == str(out) and result["args"]["clients"] == 3  # the namespace's copy, as given
     assert [r["steps"] for r in result["captured_rounds"]] == [2, 2]  # 8 samples, B = 4, one epoch
     assert result["steps_by_shape"] == {"3": 2}  # equal clients: one shape, the cohort's
@@ -50,21 +51,6 @@ def test_cpu_smoke_run_writes_every_figure(tmp_path: Path) -> None:
     variants = result["step_variants"]
     assert {"default", "gemm", "bf16", "gemm+bf16"} <= set(variants)
     assert variants["gemm"]["max_abs_diff_vs_default"] < 1e-5
-
-
-def test_cpu_smoke_run_on_the_apps_unequal_cohorts(tmp_path: Path) -> None:
-    """--cohorts app: the app's Dirichlet partition and a Poisson cohort each round (bench.run's GPU overrides,
-    shrunk): unequal clients, so the round's steps run in several shapes."""
-    out = tmp_path / "result.json"
-    shrink = ["dataset.max_train_samples=400", "dataset.num_clients=12", "privacy.sample_rate=0.6",
-              "client.local_epochs=1", "client.batch_size=8"]  # fmt: skip
-    argv = ["--device", "cpu", "--cohorts", "app", "--override", *shrink, "--rounds", "3", "--steps", "1"]
-    assert main([*argv, "--threads", "1", "--out", str(out)]) == 0
-    result = json.loads(out.read_text())
-    _check_figures(result, rounds=3)
-    clients = [r["clients"] for r in result["captured_rounds"]]
-    assert len(set(clients)) > 1 and all(0 < c <= 12 for c in clients)  # Poisson: cohorts of different sizes
-    assert len(result["steps_by_shape"]) > 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
