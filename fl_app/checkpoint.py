@@ -16,6 +16,7 @@ docs/PRIVACY.md, 2). The ``"rng"`` note written into the file describes the seed
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 from dataclasses import dataclass, field, replace
@@ -90,6 +91,8 @@ def resolve_resume(config: AppConfig) -> AppConfig:
     if config.resume is None:
         return config
     run_dir = Path(config.resume).resolve()
+    if not run_dir.exists() and difflib.get_close_matches(config.resume.lower(), ["auto"], cutoff=0.7):
+        raise FileNotFoundError(f"resume={config.resume}: no such run directory; did you mean resume=auto?")
     stored = validate(upgrade_stored_config(load_checkpoint(run_dir).config))
     resumed = replace(stored, resume=str(run_dir), output_dir=str(run_dir))
     ignored = sorted(
@@ -145,10 +148,10 @@ def resolve_start(config: AppConfig, default_output_dir: Path) -> RunStart:
     """The run ``config`` asks for, in ``config.output_dir`` (else ``default_output_dir``).
 
     ``resume=<run dir>``: :func:`resolve_resume`. ``resume=auto`` (a sweep that continues where it stopped, on this
-    machine or another): a directory that holds no run starts one; one that holds a completed run is done; one
+    machine or another): a directory that holds no run starts one; one that holds a completed run is done, and one
     that holds a checkpointed run continues it, provided it was started with this very config (a job of the same
-    sweep), else ValueError naming the keys that differ; a run without a checkpoint cannot be continued
-    (ValueError: its releases are logged, and restarting it would hide them).
+    sweep; its run.json says which), else ValueError naming the keys that differ; a stopped run without a
+    checkpoint cannot be continued (ValueError: its releases are logged, and restarting it would hide them).
     """
     if config.resume is not None and config.resume != "auto":
         resumed = resolve_resume(config)
@@ -160,24 +163,34 @@ def resolve_start(config: AppConfig, default_output_dir: Path) -> RunStart:
     held = held_run(output_dir)
     if held is None:
         return RunStart(fresh, output_dir)
-    if held.get("status") == "completed":
-        return RunStart(fresh, output_dir, completed=True)
-    if not (output_dir / CHECKPOINT_FILE).exists():
+    status = held.get("status", "unknown")
+    has_checkpoint = (output_dir / CHECKPOINT_FILE).exists()
+    if status != "completed" and not has_checkpoint:
         raise ValueError(
-            f"resume=auto: {output_dir} holds a run (status {held.get('status', 'unknown')}) without a "
-            f"{CHECKPOINT_FILE}: it cannot be continued, and the models it released are in its releases.jsonl; "
-            "move it away to start again"
+            f"resume=auto: {output_dir} holds a run (status {status}) without a {CHECKPOINT_FILE}: it cannot be "
+            "continued, and the models it released are in its releases.jsonl; move it away to start again"
         )
-    stored = validate(upgrade_stored_config(load_checkpoint(output_dir).config))
-    mine, theirs = _flat(fresh.to_dict()), _flat(stored.to_dict())
-    differ = sorted(k for k in mine.keys() | theirs.keys() if k.split(".")[0] not in ("resume", "output_dir")
-                    and mine.get(k) != theirs.get(k))  # fmt: skip
+    raw = held.get("config") or load_checkpoint(output_dir).config
+    stored = validate(upgrade_stored_config(raw))
+    differ = _differences(fresh, stored)
     if differ:
-        raise ValueError(
-            f"resume=auto: {output_dir} holds a run of another config (it differs in {', '.join(differ)}); "
-            f"continue it with resume={output_dir}, or write elsewhere"
+        how = (
+            "write elsewhere" if status == "completed" else f"continue it with resume={output_dir}, or write elsewhere"
         )
+        what = "a completed run" if status == "completed" else "a run"
+        raise ValueError(
+            f"resume=auto: {output_dir} holds {what} of another config (it differs in {', '.join(differ)}); {how}"
+        )
+    if status == "completed":
+        return RunStart(fresh, output_dir, completed=True)
     return RunStart(replace(stored, resume=str(output_dir.resolve()), output_dir=str(output_dir.resolve())), output_dir)
+
+
+def _differences(given: AppConfig, stored: AppConfig) -> list[str]:
+    """The settings (dotted keys) in which two configs differ, where the run writes and ``resume`` aside."""
+    mine, theirs = _flat(given.to_dict()), _flat(stored.to_dict())
+    return sorted(k for k in mine.keys() | theirs.keys()
+                  if k.split(".")[0] not in ("resume", "output_dir") and mine.get(k) != theirs.get(k))  # fmt: skip
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -10,7 +10,8 @@ named), since what carries them back (a lent machine's output folder) takes a bo
 report reads them, and they are most of its bytes (a model each), where the way in to a machine is tighter still.
 
 ``python -m fl_app.run_pack unpack <dest> <target>`` joins the parts found in ``<dest>`` in order and extracts them
-under ``<target>``, which then holds ``<dir name>/`` as it was. A missing or damaged part fails the unpacking (xz
+under ``<target>``, which then holds ``<dir name>/`` as it was; a ``<target>/<dir name>`` already there is refused
+(it may hold runs continued since the parts were made). A missing or damaged part fails the unpacking (xz
 checks every block; a stream cut short is an error), and members that would land outside ``<target>`` (absolute
 paths, ``..``, links out) are refused (tarfile's ``data`` filter). Nothing about the runs is interpreted here.
 """
@@ -120,7 +121,10 @@ def pack(source: Path, dest: Path, part_mib: float = 16, max_parts: int = 8, lea
             part.unlink(missing_ok=True)
         largest = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: -p.stat().st_size)[:5]
         sizes = ", ".join(f"{p.relative_to(source)} ({p.stat().st_size / MIB:.1f} MiB)" for p in largest)
-        raise TooManyPartsError(f"{source} does not fit: {exc} (largest files: {sizes})") from None
+        raise TooManyPartsError(
+            f"{source} does not fit: {exc} (largest files: {sizes}); --lean leaves out final models and completed "
+            "runs' checkpoints, --part-mib and --max-parts set the bounds"
+        ) from None
     writer.close()
     return writer.parts
 
@@ -160,6 +164,11 @@ def unpack(dest: Path, target: Path) -> list[Path]:
         raise FileNotFoundError(f"no parts (*{SUFFIX}.000, …) in {dest}")
     target.mkdir(parents=True, exist_ok=True)
     out = []
+    for stem in stems:
+        directory = target / stem.name[: -len(SUFFIX)]
+        if directory.exists():
+            # Never over what is there: it may be newer than the parts (a run continued since they were made).
+            raise FileExistsError(f"{directory} already exists: unpack into another folder, or move it away first")
     for stem in stems:
         parts = _parts(stem)
         expected = [stem.with_name(f"{stem.name}.{i:03d}") for i in range(len(parts))]

@@ -87,12 +87,19 @@ def test_resume_auto_starts_skips_or_continues(tmp_path: Path) -> None:
 
 
 def test_resume_auto_refuses_another_config_and_a_run_without_a_checkpoint(tmp_path: Path) -> None:
+    _run(tmp_path / "done")
+    with pytest.raises(ValueError, match=r"holds a completed run of another config \(it differs in num_rounds\)"):
+        _start(tmp_path / "done", "resume=auto", "num_rounds=8")  # an edited sweep: never its stale results
+    (tmp_path / "done" / CHECKPOINT_FILE).unlink()  # a lean pack leaves it out: run.json says what ran
+    assert _start(tmp_path / "done", "resume=auto").completed
     _killed(tmp_path / "killed")
     with pytest.raises(ValueError, match=r"another config \(it differs in privacy\.clip_norm, seed\)"):
         _start(tmp_path / "killed", "resume=auto", "seed=7", "privacy.clip_norm=0.5")
     (tmp_path / "killed" / CHECKPOINT_FILE).unlink()
     with pytest.raises(ValueError, match=r"without a checkpoint\.npz: it cannot be continued"):
         _start(tmp_path / "killed", "resume=auto")
+    with pytest.raises(FileNotFoundError, match="did you mean resume=auto"):
+        _start(tmp_path / "killed", "resume=AUTO")
 
 
 def test_a_killed_sweep_carried_to_another_machine_ends_as_if_never_interrupted(tmp_path: Path) -> None:

@@ -50,8 +50,18 @@ def test_lean_leaves_out_final_models_and_completed_runs_checkpoints(sweep: Path
     assert all(got[name] == full[name] for name in got)
 
 
+def test_unpacking_over_a_directory_already_there_is_refused(sweep: Path, tmp_path: Path) -> None:
+    """What is there may be newer than the parts (a run continued since): never overwritten."""
+    pack(sweep, tmp_path / "parts")
+    unpack(tmp_path / "parts", tmp_path / "b")
+    (tmp_path / "b" / "sweep" / "0" / "metrics.jsonl").write_text("newer\n")
+    with pytest.raises(FileExistsError, match="already exists"):
+        unpack(tmp_path / "parts", tmp_path / "b")
+    assert (tmp_path / "b" / "sweep" / "0" / "metrics.jsonl").read_text() == "newer\n"
+
+
 def test_too_many_parts_is_refused_and_leaves_nothing(sweep: Path, tmp_path: Path) -> None:
-    with pytest.raises(TooManyPartsError, match=r"more than 2 parts of 0\.25 MiB .*checkpoint\.npz"):
+    with pytest.raises(TooManyPartsError, match=r"more than 2 parts of 0\.25 MiB .*checkpoint\.npz.*--lean"):
         pack(sweep, tmp_path / "parts", part_mib=0.25, max_parts=2)
     assert list((tmp_path / "parts").iterdir()) == []
 
