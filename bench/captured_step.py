@@ -72,7 +72,8 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(fn: Callable[[], Any], repeats: int, device: torch.device) -> list[float]:
+def timed(fn: Callable[[], Any], repeats: int, device: torch.device) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn``, synchronised with ``device``."""
     out = []
     for _ in range(repeats):
         _synchronize(device)
@@ -113,10 +114,10 @@ def step_limit(workspace: CapturedCohort, plan: StepPlan, lr: float, steps: int)
     for shape in sorted(set(shapes)):
         graph = workspace.graphs.get(shape)
         fn = replay(graph) if graph is not None else eager(shape)
-        per_shape[shape] = min(_timed(fn, 5 if graph is not None else 3, device)) / steps * 1e3
+        per_shape[shape] = min(timed(fn, 5 if graph is not None else 3, device)) / steps * 1e3
     full = step_shape(k_all, workspace.capacity)
     return {
-        "eager_step_ms": min(_timed(eager(full), 3, device)) / steps * 1e3,
+        "eager_step_ms": min(timed(eager(full), 3, device)) / steps * 1e3,
         "captured_step_ms": per_shape[full] if full in workspace.graphs else None,
         "step_ms_by_shape": {str(shape): ms for shape, ms in per_shape.items()},
         "steps_by_shape": {str(shape): shapes.count(shape) for shape in sorted(set(shapes))},
@@ -266,7 +267,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     last = args.rounds
     rows = [torch.from_numpy(np.array(ix)) for ix in s.cohorts(last)]  # a copy: partitions are read-only
     data = [(s.train.x[r], s.train.y[r]) for r in rows]
-    vec = _timed(lambda: train_stacked(s.model, data, s.config, last, s.generators(last), s.device), 2, s.device)
+    vec = timed(lambda: train_stacked(s.model, data, s.config, last, s.generators(last), s.device), 2, s.device)
     out["vectorized_round_s"] = min(vec)
     # The step limit of the last round, on a fixed batch.
     plan = s.plan(last)

@@ -18,8 +18,6 @@ step's floating-point operations are counted once (``torch.utils.flop_counter``)
 from __future__ import annotations
 
 import copy
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -27,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from bench.captured_step import timed
 from clients.captured import MIN_STEPS_FOR_GRAPH, CapturedCohort, StepPlan
 from clients.training import LocalTrainingConfig
 
@@ -76,19 +75,6 @@ VARIANTS: dict[str, tuple[bool, bool]] = {  # name: (GEMM convolutions, bf16 aut
 }  # fmt: skip
 
 
-def _timed(fn: Callable[[], None], repeats: int, device: torch.device) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def _workspace(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: LocalTrainingConfig, k: int,
                width: int, variant: str) -> CapturedCohort:  # fmt: skip
     gemm, bf16 = VARIANTS[variant]
@@ -131,7 +117,7 @@ def time_variants(model: nn.Module, x: torch.Tensor, y: torch.Tensor, config: Lo
                 for _ in range(steps):
                     graph.replay() if graph is not None else workspace.step(k)
 
-        seconds = _timed(run, 3, device) / steps
+        seconds = min(timed(run, 3, device)) / steps
         diff = max(float((stepped[n].float() - reference[n].float()).abs().max()) for n in stepped)
         out[name] = {"step_ms": seconds * 1e3, "tflops": flops / seconds / 1e12, "max_abs_diff_vs_default": diff,
                      "captured": graph is not None}  # fmt: skip

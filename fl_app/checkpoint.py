@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from fl_app.config import AppConfig, upgrade_stored_config, validate
+from fl_app.config import AppConfig, config_differences, upgrade_stored_config, validate
 from fl_app.core.atomic import atomic_write
 from fl_app.releases import RELEASES_FILE
 
@@ -95,9 +95,7 @@ def resolve_resume(config: AppConfig) -> AppConfig:
         raise FileNotFoundError(f"resume={config.resume}: no such run directory; did you mean resume=auto?")
     stored = validate(upgrade_stored_config(load_checkpoint(run_dir).config))
     resumed = replace(stored, resume=str(run_dir), output_dir=str(run_dir))
-    ignored = sorted(
-        k for k, v in config.to_dict().items() if k not in ("resume", "output_dir") and resumed.to_dict()[k] != v
-    )
+    ignored = config_differences(config, resumed)
     if ignored:
         logging.getLogger(__name__).warning(
             "resume: using the checkpoint's config; ignoring the given values of %s", ", ".join(ignored)
@@ -172,7 +170,7 @@ def resolve_start(config: AppConfig, default_output_dir: Path) -> RunStart:
         )
     raw = held.get("config") or load_checkpoint(output_dir).config
     stored = validate(upgrade_stored_config(raw))
-    differ = _differences(fresh, stored)
+    differ = config_differences(fresh, stored)
     if differ:
         how = (
             "write elsewhere" if status == "completed" else f"continue it with resume={output_dir}, or write elsewhere"
@@ -183,21 +181,4 @@ def resolve_start(config: AppConfig, default_output_dir: Path) -> RunStart:
         )
     if status == "completed":
         return RunStart(fresh, output_dir, completed=True)
-    return RunStart(replace(stored, resume=str(output_dir.resolve()), output_dir=str(output_dir.resolve())), output_dir)
-
-
-def _differences(given: AppConfig, stored: AppConfig) -> list[str]:
-    """The settings (dotted keys) in which two configs differ, where the run writes and ``resume`` aside."""
-    mine, theirs = _flat(given.to_dict()), _flat(stored.to_dict())
-    return sorted(k for k in mine.keys() | theirs.keys()
-                  if k.split(".")[0] not in ("resume", "output_dir") and mine.get(k) != theirs.get(k))  # fmt: skip
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+    return RunStart(resolve_resume(replace(fresh, resume=str(output_dir))), output_dir)

@@ -12,7 +12,15 @@ a config's ``strategy.name`` checks; the config package never imports strategies
 :func:`compose_config`); every name is imported from here.
 """
 
-from fl_app.config.app import NOISE_KEY_IGNORES, AppConfig, load_app_config, noise_stream_key, validate
+from fl_app.config.app import (
+    NOISE_KEY_IGNORES,
+    AppConfig,
+    config_differences,
+    flat_settings,
+    load_app_config,
+    noise_stream_key,
+    validate,
+)
 from fl_app.config.audit import AuditConfig
 from fl_app.config.faults import FaultInjectionConfig
 from fl_app.config.overrides import (
@@ -61,6 +69,8 @@ __all__ = [
     "StrategyConfig",
     "StrategyRules",
     "compose_config",
+    "config_differences",
+    "flat_settings",
     "load_app_config",
     "noise_stream_key",
     "overrides_from_run_config",

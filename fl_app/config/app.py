@@ -178,3 +178,21 @@ def noise_stream_key(config: AppConfig) -> int | None:
     keyed = {k: v for k, v in config.to_dict().items() if k not in NOISE_KEY_IGNORES}
     canonical = json.dumps(keyed, sort_keys=True, separators=(",", ":"))
     return int.from_bytes(hashlib.sha256(canonical.encode()).digest()[:8], "big") >> 1
+
+
+def flat_settings(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A config's settings (a nested mapping such as :meth:`AppConfig.to_dict`) by dotted key."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            out.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_differences(given: AppConfig, stored: AppConfig) -> list[str]:
+    """The settings (dotted keys) in which two configs differ, where the run writes and ``resume`` aside."""
+    mine, theirs = flat_settings(given.to_dict()), flat_settings(stored.to_dict())
+    return sorted(k for k in mine.keys() | theirs.keys()
+                  if k.split(".")[0] not in ("resume", "output_dir") and mine.get(k) != theirs.get(k))  # fmt: skip

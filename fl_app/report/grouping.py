@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fl_app.config import flat_settings
 from fl_app.report.runs import (
     ExpectedJob,
     RunRecord,
@@ -25,17 +26,6 @@ from fl_app.report.runs import (
 
 # Overrides that differ between jobs without being an experimental factor.
 NOT_FACTORS = frozenset({"seed", "output_dir", "resume"})
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in config.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, Mapping):
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def detect_column_keys(runs: Sequence[RunRecord], expected: Sequence[ExpectedJob], row_key: str) -> list[str]:
@@ -59,7 +49,7 @@ def detect_column_keys(runs: Sequence[RunRecord], expected: Sequence[ExpectedJob
             if len(values) > 1:
                 result.append(key)
         return result
-    flat = [flatten(r.config) for r in runs if r.config]
+    flat = [flat_settings(r.config) for r in runs if r.config]
     all_keys = dict.fromkeys(k for f in flat for k in f)
     result = []
     for key in all_keys:
