@@ -21,6 +21,7 @@ from fl_app.privacy.accountants.skellam import (
     poisson_subsampled_rdp,
     skellam_rdp,
 )
+from fl_app.privacy.distributed.encoding import l1_sensitivity, rounded_norm_bound
 
 
 def _config(method: SamplingMethod, max_epsilon: float | None = None) -> PrivacyConfig:
@@ -155,3 +156,52 @@ def test_what_the_accountant_refuses() -> None:
         SkellamEvent(1.0, 1.0, 1.0, sample_rate=1.5)
     with pytest.raises(ValueError, match="'skellam' list"):
         accountant.load_state_dict({})
+
+
+#: ε of the distributed Skellam mechanism from the authors' released accounting (google-research/federated,
+#: distributed_dp/accounting_utils.py at a5af8c4, ``skellam_epsilon``: the same bound, rounding inflation, ℓ1 bound
+#: and Zhu–Wang subsampling), computed by a line-by-line numpy port of it. The paper reports accuracy curves, not ε
+#: tables, so these are the pins a reader can reproduce: ``skellam_epsilon(scale, central_stddev, l2, beta, dim, q,
+#: steps, delta, l1)`` with β = e^(−1/2). Columns: scale s, central std σ (unscaled), clip c, ℓ1 (None: from the
+#: rounding), d, q, T, δ, rounding, ε.
+AUTHORS_REFERENCE = [
+    (1, 10, 1, 1, 1, 1.0, 1, 1e-5, False, 0.3774237564),
+    (1, 1, 1, 1, 1, 1.0, 1, 1e-5, False, 6.2527283368),
+    (100, 1, 1, 10, 100, 1.0, 1, 1e-5, False, 4.7529683368),
+    (1, 50, 10, 40, 16, 1.0, 1, 1e-5, False, 0.7947036325),
+    (1, 10, 1, 1, 1, 0.01, 1000, 1e-5, False, 0.4847578553),
+    (10, 1, 1, 1, 1, 0.01, 1000, 1e-5, False, 2.4774497595),
+    (1000, 1, 1, 1, 1, 0.01, 1000, 1e-5, False, 2.4502902637),
+    (10, 2, 1, 1, 1, 0.01, 1000, 1e-5, False, 0.9041995167),
+    (1000, 1, 1, None, 1024, 1.0, 1, 1e-5, True, 4.75591064),
+    (100, 10, 10, None, 256, 1.0, 1, 1e-5, True, 4.75541061),
+    # The EMNIST settings of the authors' fl_run (N = 3400, 100 clients a round, 1500 rounds, δ = 1/N, d = 2^20).
+    (1e4, 0.03, 0.03, None, 2**20, 100 / 3400, 1500, 1 / 3400, True, 69.62928922),
+    (3e4, 0.033, 0.03, None, 2**20, 100 / 3400, 1500, 1 / 3400, True, 8.36390724),
+]
+
+
+@pytest.mark.parametrize(
+    ("scale", "stddev", "clip", "l1", "dimension", "q", "steps", "delta", "rounding", "expected"), AUTHORS_REFERENCE
+)
+def test_epsilon_matches_the_authors_released_accounting(
+    scale: float,
+    stddev: float,
+    clip: float,
+    l1: float | None,
+    dimension: int,
+    q: float,
+    steps: int,
+    delta: float,
+    rounding: bool,
+    expected: float,
+) -> None:
+    if rounding:
+        l2_integer = rounded_norm_bound(scale * clip, dimension, math.exp(-0.5))
+        l1_integer = l1_sensitivity(l2_integer, dimension)
+    else:
+        l2_integer, l1_integer = scale * clip, scale * float(l1)  # type: ignore[arg-type]
+    event = SkellamEvent((scale * stddev) ** 2, l2_integer, l1_integer, sample_rate=q)
+    accountant = SkellamAccountant(_config(MODELS if q < 1 else SERVER))
+    accountant.compose(event, steps)
+    assert accountant.get_epsilon(delta) == pytest.approx(expected, rel=1e-7)

@@ -50,8 +50,9 @@ def rounded_norm_bound(norm: float, dimension: int, beta: float) -> float:
         min( norm + √d,  √(norm² + d/4 + √(2 ln(1/β)) · (norm + √d / 2)) )
 
     The first term holds for every rounding (each entry moves by less than 1); the second holds for an
-    unconditioned draw with probability ≥ 1 − β (Kairouz et al. 2021, Lemma 4.1's concentration), and conditional
-    rounding makes it hold always. β = 0 gives the first term.
+    unconditioned draw with probability ≥ 1 − β (Kairouz, Liu, Steinke 2021: the concentration of randomised
+    rounding behind their Theorem 1's Δ2), and conditional rounding makes it hold always. β = 0 gives the first
+    term. The authors' released accounting uses the same two terms (``rounded_l2_norm_bound``).
     """
     if not (norm >= 0 and math.isfinite(norm)):
         raise ValueError(f"norm must be finite and non-negative, got {norm!r}")
