@@ -55,6 +55,8 @@ def train(msg: Message, context: Context) -> Message:
         shared_mask = [m.astype(bool) for m in msg.content["mask"].to_numpy_ndarrays()]
     parameters = msg.content["arrays"].to_numpy_ndarrays()
     ins = TrainInstructions.from_config(config)
+    if ins.secure_aggregation:  # the client's own guard: its update leaves only masked (distributed DP)
+        raise PermissionError("this round's update may leave the client only through secure aggregation (train.secagg)")
     partition_ids = [int(pid) for pid in config["partition_ids"]]
     faults = [str(f) for f in config["faults"]]
     engine = resolve_cohort_engine(ins.cohort_engine, resolve_device(ins.device).type == "cuda")
@@ -72,6 +74,15 @@ def train(msg: Message, context: Context) -> Message:
         timestamps=stamps,
     )
     return Message(reply.to_record(), reply_to=msg)
+
+
+@app.train("secagg")
+def secure_aggregation(msg: Message, context: Context) -> Message:
+    """One stage of secure aggregation for one client (distributed DP: clients/secure_aggregation.py); the collect
+    stage trains and encodes the client's update, and only its masked vector leaves."""
+    from clients.secure_aggregation import answer_stage
+
+    return answer_stage(msg, context)
 
 
 @app.query()

@@ -34,6 +34,10 @@ STREAM_ADAPTIVE_CLIP = 6
 STREAM_CANARY_SAMPLING = 7
 #: DP-FTRL's cyclic groups (strategies/dp_ftrl.py): keyed by the run's participation key, not the round.
 STREAM_PARTICIPATION_GROUPS = 8
+#: Distributed DP: a client's rounding and Skellam share (clients/secure_aggregation.py), and the round's public
+#: rotation seed the server draws (strategies/secure_sum.py).
+STREAM_DISTRIBUTED_SHARE = 9
+STREAM_ROTATION = 10
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,9 @@ class TrainInstructions:
     # The run's noise key (privacy.noise_stream=per_run: fl_app.config.noise_stream_key), the last key word of the
     # client's noise stream; None (not sent) = the seed's shared noise, or secure randomness.
     noise_key: int | None = None
+    # Distributed DP: the update may leave the client only masked, through secure aggregation's stages
+    # (clients/secure_aggregation.py); a plain train message carrying these instructions is refused.
+    secure_aggregation: bool = False
 
     def to_config_record(self) -> ConfigRecord:
         flat: dict[str, Any] = {}
@@ -367,6 +374,7 @@ def make_train_instructions(
     noise_multiplier: float,
     expected_clients: float,
     secure_noise: bool = False,
+    secure_aggregation: bool = False,
 ) -> TrainInstructions:
     d = config.dataset
     return TrainInstructions(
@@ -392,6 +400,7 @@ def make_train_instructions(
         noise_multiplier=noise_multiplier,
         expected_clients=expected_clients,
         secure_noise=secure_noise,
+        secure_aggregation=secure_aggregation,
         device=config.simulation.device,
         cohort_engine=config.simulation.cohort_engine,
         noise_key=None if secure_noise else noise_stream_key(config),

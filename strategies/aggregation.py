@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from flwr.app import Message
@@ -31,6 +31,13 @@ from strategies.screening import screen_each
 Admit = Callable[[RoundPlan, list[np.ndarray], int, float], tuple[list[np.ndarray], int]]
 #: Where a rejection is reported: (round, kind, reason).
 RejectionLog = Callable[[int, str, str], None]
+
+
+class SecureSumOutcome(Protocol):
+    """What a round of secure aggregation hands the round (strategies/secure_sum.py: ``SecureSumResult``)."""
+
+    total: list[np.ndarray] | None
+    participants: list[int]
 
 
 class RoundReplies:
@@ -92,6 +99,17 @@ class RoundReplies:
         self.reclipped += server_reclipped
         self.contributions.append((screened.clients[0][0], total, len(screened.clients)))
         self.clients.extend(screened.clients)
+
+    def take_sum(self, secure_sum: SecureSumOutcome) -> None:
+        """A round of secure aggregation's outcome (distributed DP): one sum of its participants' clipped updates and
+        their noise, no client's values, admitted as a cohort of them (the round's mask; nothing is clipped again:
+        the sum's sensitivity is its encoding's). The sampled clients outside it did not answer in time."""
+        if secure_sum.total is None or not secure_sum.participants:
+            return
+        clients = sorted(secure_sum.participants)
+        self.received += len(clients)
+        total, _ = self.admit(self.plan, secure_sum.total, len(clients), math.nan)
+        self.contributions.append((clients[0], total, len(clients)))
 
     def causes(self) -> dict[str, str]:
         """Why the sampled clients' updates were not accepted: {kind: how many, and the first reason given}."""

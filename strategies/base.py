@@ -5,7 +5,7 @@ Every round t (journal Alg. 1; docs/mechanisms.md states each step and its priva
 1. **Budget guard** — no round whose release would take ε above ``privacy.max_epsilon`` (client_dp/budget.py).
 2. **Sample** — Poisson(q) or fixed-size m = qM, seeded or the OS CSPRNG (client_dp/sampling.py, randomness.py).
 3. **Configure** — the global model and the TrainInstructions (recipe, C, σ, m, placement), a client or a cohort each.
-4. **Client** (clients/) — local SGD or SAM → Δ → clip to C → (client placement) + N(0, σ²C²/m).
+4. **Client** (clients/) — SGD or SAM → Δ → clip to C → + N(0, σ²C²/m) (client placement), or Skellam (distributed).
 5. **Screen and admit** — bind, reject the malformed (screening.py), re-clip (k·C a cohort) where the server clips.
 6. **Aggregate** — the sum over the **fixed** m, the placement's noise, the server steps (client_dp/average.py), then
    the server optimizer (post-processing).
@@ -73,9 +73,8 @@ AccountedFn = Callable[["FederatedStrategy"], None]
 
 
 class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
-    """Sampling, validation, uniform aggregation, accounting, metrics: a plain algorithm, or (built with
-    :class:`PrivateRounds`, as :class:`strategies.client_level_dp.ClientLevelDP` builds it) client-level DP rounds.
-    What a subclass declares for the config and the registry: :class:`StrategyDeclarations`."""
+    """A plain algorithm, or (built with :class:`PrivateRounds`, as :class:`strategies.client_level_dp.ClientLevelDP`
+    builds it) client-level DP rounds; what a subclass declares: :class:`StrategyDeclarations`."""
 
     def __init__(
         self,
@@ -149,12 +148,14 @@ class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
         #: C_t, the clip norm of the coming round (client_dp/clipping.py): fixed, or adaptive clipping's.
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, may_adapt=self.privacy is not None)
         #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
-        self.placement: Placement = placement(privacy.placement)
+        self.placement: Placement = placement(privacy, self.num_clients, config.model.name, config.dataset.name)
         #: What the run's releases spend and what run.json states of it (client_dp/account.py; None: plain).
         self.account: PrivacyAccount | None = None
         if self.privacy is not None:
             # A mechanism of its own states its ledger and σ; else the subsampled Gaussian mechanism's (noise.py).
-            ledger = self.make_ledger() or self.privacy.ledger(privacy, self.num_clients)
+            ledger = (self.make_ledger()
+                      or self.placement.ledger(privacy.delta, self.num_clients, self.privacy.accountant)
+                      or self.privacy.ledger(privacy, self.num_clients))  # fmt: skip
             sigmas = NoiseMultipliers.for_run(config, self.statistics, self.clipping,
                                               self.calibrated_noise_multiplier())
             self.noise_multiplier = sigmas.update
@@ -222,9 +223,8 @@ class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
         self.population.connect(grid, self.config.round_timeout if timeout is None else timeout)
         if self.config.audit.enabled:
             shapes = [tuple(w.shape) for w in initial_arrays.to_numpy_ndarrays()]
-            self.auditor = CanaryAuditor.for_run(
-                self.config, shapes, self.checkpoint_dir, self.resume_from, self.randomness.secret_key
-            )
+            self.auditor = CanaryAuditor.for_run(self.config, shapes, self.checkpoint_dir, self.resume_from,
+                                                 self.randomness.secret_key)  # fmt: skip
         if not self.statistics.publishes_raw:
             log(INFO, "Counts of sampled, answering and rejected clients go only to %s (outside epsilon: the "
                 "operator's own record, not to be published)", OPERATOR_FILE)  # fmt: skip
@@ -236,7 +236,7 @@ class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
         client steps; :meth:`combine` runs every server step on the average, in this order. Built once, so a
         mechanism may hold state across rounds (``state_dict`` / ``load_state_dict``: checkpointed and resumed by
         :class:`~strategies.run_state.RunState`)."""
-        return mechanisms_for(self.client_recipe()) + self.server_mechanisms()
+        return self.placement.pipeline(mechanisms_for(self.client_recipe()) + self.server_mechanisms())
 
     def local_training(self) -> LocalTrainingConfig | NoisyLocalConfig:  # the clients' local procedure
         return local_training_config(self.config, self.local_optimizer)
@@ -289,6 +289,7 @@ class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
                 add_noise=self.account is not None and self.placement.clients_add_noise,
                 noise_multiplier=0.0 if self.account is None else self.noise_multiplier,
                 expected_clients=self.expected_clients,
+                secure_aggregation=self.account is not None and self.placement.secure_aggregation,
             )  # fmt: skip
         clips = self.account is not None and self.clips_updates  # 0 below: a plain algorithm's clients clip nothing
         return self.run_instructions.for_round(server_round, self.clipping.clip_norm if clips else 0.0,

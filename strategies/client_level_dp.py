@@ -38,6 +38,7 @@ RUN_ARGUMENTS = ("metrics", "checkpoint_dir", "resume_from", "on_accounted", "ob
 #: What a named DP strategy takes from its algorithm: what the config checks of it (strategies/registry.py).
 ALGORITHM_RULES = (
     "settings_class", "samplings", "audit_refusal", "adaptive_clipping_refusal", "client_placement_refusal",
+    "distributed_placement_refusal",
     "local_optimizer",
 )  # fmt: skip
 

@@ -34,6 +34,9 @@ class StrategyDeclarations:
     adaptive_clipping_refusal: ClassVar[str | None] = None
     #: Why the strategy's noise cannot be added by the clients (``privacy.placement=client``), or None if it can.
     client_placement_refusal: ClassVar[str | None] = None
+    #: Why the strategy cannot run under distributed DP (``privacy.placement=distributed``: the clients' Skellam
+    #: shares summed by secure aggregation), or None if it can.
+    distributed_placement_refusal: ClassVar[str | None] = None
     #: Whether its clients clip their update to C_t (False: Noisy-FedAvg's clip each local gradient instead).
     clips_updates: ClassVar[bool] = True
     #: The samplers its accounting admits (``privacy.sampling``; ``auto`` = the first): fl_app/config checks it.

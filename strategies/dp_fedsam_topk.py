@@ -37,6 +37,11 @@ class FedSAMTopK(FedSAM):
     """FedSAM whose update keeps only the per-layer top-k coordinates: of the (noised, under the DP layer) average
     on the server, or of each client's own update."""
 
+    distributed_placement_refusal = (
+        "its sparsification acts on noise added in the model's coordinates; distributed DP adds the clients' "
+        "Skellam shares to a rotated integer encoding, which this analysis does not cover"
+    )
+
     settings_class = TopKConfig
 
     @property

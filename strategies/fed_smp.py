@@ -45,6 +45,11 @@ class SMPTopKConfig(MaskedConfig):
 class FedAvgRandK(FederatedStrategy):
     """FedAvg whose clients send their update on the round's public random mask (Fed-SMP-randk's algorithm)."""
 
+    distributed_placement_refusal = (
+        "its sparsification acts on noise added in the model's coordinates; distributed DP adds the clients' "
+        "Skellam shares to a rotated integer encoding, which this analysis does not cover"
+    )
+
     settings_class = RandKConfig
     local_optimizer = "sgd"
 
@@ -62,6 +67,11 @@ class FedAvgRandK(FederatedStrategy):
 class FedAvgTopK(FederatedStrategy):
     """FedAvg whose clients send their update on a top-k mask, their own or last round's global one (Fed-SMP-topk's
     algorithm)."""
+
+    distributed_placement_refusal = (
+        "its sparsification acts on noise added in the model's coordinates; distributed DP adds the clients' "
+        "Skellam shares to a rotated integer encoding, which this analysis does not cover"
+    )
 
     local_optimizer = "sgd"
     settings_class = SMPTopKConfig

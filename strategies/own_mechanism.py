@@ -21,6 +21,10 @@ class PrivateByItsOwnMechanism(FederatedStrategy):
     own_bound: ClassVar[str]
     #: Whether the server releases the noisy average over the fixed m (False: its clients add all of the noise).
     server_average: ClassVar[bool] = True
+    distributed_placement_refusal = (
+        "it is private by a mechanism and bound of its own; distributed DP replaces the subsampled Gaussian "
+        "mechanism of the client-level DP layer"
+    )
 
     def __init__(
         self, config: AppConfig | None = None, /, *, accountant: PrivacyAccountant | str | None = None, **kwargs: Any

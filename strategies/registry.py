@@ -60,6 +60,7 @@ def register_strategy(cls: StrategyClass) -> StrategyClass:
         audit_refusal=cls.audit_refusal,
         adaptive_clipping_refusal=cls.adaptive_clipping_refusal,
         client_placement_refusal=cls.client_placement_refusal,
+        distributed_placement_refusal=cls.distributed_placement_refusal,
     )
     register_strategy_rules(name, rules)
     return cls

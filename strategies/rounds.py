@@ -37,9 +37,11 @@ class RunInstructions:
         add_noise: bool,
         noise_multiplier: float,
         expected_clients: float,
+        secure_aggregation: bool = False,
     ) -> None:
         self.config, self.recipe, self.training = config, recipe, training
         self.add_noise, self.noise_multiplier, self.expected_clients = add_noise, noise_multiplier, expected_clients
+        self.secure_aggregation = secure_aggregation
         self._built: TrainInstructions | None = None
 
     def for_round(self, server_round: int, clip_norm: float, secure_noise: bool) -> TrainInstructions:
@@ -49,7 +51,7 @@ class RunInstructions:
             built = self._built = make_train_instructions(
                 self.config, 0, recipe=self.recipe, training=self.training, clip_norm=0.0, add_noise=self.add_noise,
                 noise_multiplier=self.noise_multiplier, expected_clients=self.expected_clients,
-                secure_noise=secure_noise,
+                secure_noise=secure_noise, secure_aggregation=self.secure_aggregation,
             )  # fmt: skip
         return replace(built, server_round=server_round, clip_norm=clip_norm)
 

@@ -26,6 +26,7 @@ from strategies.aggregation import RoundInFlight
 from strategies.messaging import send_and_receive
 from strategies.observers import Checkpointer, MetricsLog, RoundObserver
 from strategies.rounds import RoundOutcome
+from strategies.secure_sum import secure_sum_for
 
 #: Flower's centralized evaluation: (server round, global model) -> metrics or None; the round record takes
 #: ``test_loss`` and ``test_accuracy`` (and any other numbers) from it.
@@ -159,10 +160,17 @@ def _train_round(
     messages = list(strategy.configure_train(server_round, arrays, train_config, grid))
     if strategy.stop_reason is not None:
         return None
-    early = _EarlyReplies(strategy, strategy.in_flight)
-    replies = send_and_receive(grid, messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush)
+    secure_sum = None if strategy.account is None else secure_sum_for(strategy.placement, strategy.randomness)
+    if secure_sum is not None and strategy.in_flight is not None:
+        # Distributed DP: the clients' updates leave them only masked; the round's sum is what is taken.
+        strategy.in_flight.taken.take_sum(secure_sum.run(grid, strategy.in_flight.plan, timeout, completed.flush))
+        replies = []
+    else:
+        early = _EarlyReplies(strategy, strategy.in_flight)
+        replies = send_and_receive(grid, messages, timeout, on_arrival=early.arrived, on_pushed=completed.flush)
+        replies = replies[early.count :]
     replies_at = time.perf_counter()
-    released, _ = strategy.aggregate_train(server_round, replies[early.count :])
+    released, _ = strategy.aggregate_train(server_round, replies)
     outcome = strategy.last_outcome
     if released is None or outcome is None:
         raise RuntimeError(f"aggregate_train({server_round}) released no model")

@@ -69,14 +69,15 @@ class RunSettings:
         if not simulation and config.population == "virtual":
             _check_virtual_deployment(config)
         statistics = p.client_statistics
-        if statistics == "auto":
-            statistics = "raw" if simulation else "none"
+        if statistics == "auto":  # distributed DP: the server has no client's values to publish
+            statistics = "raw" if simulation and p.placement != "distributed" else "none"
         size = config.simulation.cohort_size
         cohort_size: CohortSize
         if config.population != "virtual":
             cohort_size = 1  # every node is one client: nothing to group
         elif size == "auto":
-            cohort_size = "per_node" if simulation else 1
+            # Secure aggregation's participant is one client: distributed DP sends one client a message.
+            cohort_size = "per_node" if simulation and p.placement != "distributed" else 1
         else:
             cohort_size = int(size)
         return cls(simulation=simulation, secure_noise=secure, client_statistics=statistics, cohort_size=cohort_size)

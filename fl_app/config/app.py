@@ -94,7 +94,11 @@ def validate(raw: Mapping[str, Any]) -> AppConfig:
         raw["privacy"], dataset.num_clients, _top_int(raw, "num_rounds", 1), rules.samplings, strategy.name
     )
     _check_adaptive_support(privacy, rules.adaptive_clipping_refusal)
-    _check_placement_support(privacy, rules.client_placement_refusal)
+    _check_placement_support(privacy, rules.client_placement_refusal, rules.distributed_placement_refusal)
+    if privacy.placement == "distributed":
+        # Secure aggregation's participant is one client: a message holds one, each with its own masks.
+        _require(simulation.cohort_size in (1, "auto"), "simulation.cohort_size", simulation.cohort_size,
+                 "1 or 'auto' with privacy.placement=distributed (one client per message)")  # fmt: skip
     # Configs stored before server optimizers existed (checkpoints) resume with the plain server step.
     server_optimizer = _validate_server_optimizer(raw.get("server_optimizer") or {"name": "sgd"})
     if strategy.server_lr is None:  # the server optimizer's own default step size

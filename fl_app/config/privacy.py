@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from fl_app.config.distributed import DistributedConfig, validate_distributed
 from fl_app.config.readers import _boolean, _choice, _fail, _finite, _known_keys, _number, _require
 from fl_app.core.choices import (
     ACCOUNTANTS,
@@ -66,6 +67,8 @@ class DPConfig:
     min_separation: int | None = None
     #: k of the participation rule: at most k rounds per client; None = ⌈T/b⌉ (what b alone allows).
     max_participations: int | None = None
+    #: Distributed DP's settings (placement=distributed; fl_app/config/distributed.py); None for the others.
+    distributed: DistributedConfig | None = None
 
 
 def _validate_privacy(
@@ -96,6 +99,11 @@ def _validate_privacy(
     target = section.get("target_epsilon")
     _require(target is None or (_finite(target) and target > 0), "privacy.target_epsilon", target, "> 0 or null")
     accountant, placement = _accountant_and_placement(section, sampling)
+    distributed = None
+    if placement == "distributed":
+        distributed = validate_distributed(section.get("distributed"), {**section, "sampling": sampling})
+    _require(placement == "distributed" or section.get("distributed") is None, "privacy.distributed",
+             section.get("distributed"), "absent unless privacy.placement=distributed")  # fmt: skip
     return DPConfig(
         clip_norm=clip_norm,
         noise_multiplier=sigma,
@@ -115,6 +123,7 @@ def _validate_privacy(
         **_adaptive_clipping(section),
         noise_stream=_noise_stream(section),
         **rule,
+        distributed=distributed,
     )
 
 
@@ -227,9 +236,11 @@ def _check_adaptive_support(privacy: DPConfig, refusal: str | None) -> None:
         raise _fail("privacy.clipping", "adaptive", f"fixed with this strategy: {refusal}")
 
 
-def _check_placement_support(privacy: DPConfig, refusal: str | None) -> None:
-    if privacy.placement == "client" and refusal is not None:
-        raise _fail("privacy.placement", "client", f"server with this strategy: {refusal}")
+def _check_placement_support(privacy: DPConfig, client_refusal: str | None, distributed_refusal: str | None) -> None:
+    if privacy.placement == "client" and client_refusal is not None:
+        raise _fail("privacy.placement", "client", f"server with this strategy: {client_refusal}")
+    if privacy.placement == "distributed" and distributed_refusal is not None:
+        raise _fail("privacy.placement", "distributed", f"server or client with this strategy: {distributed_refusal}")
 
 
 def _statistics_sigma(section: Mapping[str, Any]) -> float | None:

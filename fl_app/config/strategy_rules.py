@@ -22,13 +22,14 @@ from fl_app.core.choices import AMPLIFIED_SAMPLINGS
 class StrategyRules:
     """What validating a config needs of its strategy: the class of its own settings (``strategy.*``), the samplers
     its accounting admits (``privacy.sampling``; ``auto`` = the first) and why it refuses canary clients, adaptive
-    clipping or client placement (None = it does not)."""
+    clipping, client placement or distributed placement (None = it does not)."""
 
     settings_class: type[StrategyConfig] = StrategyConfig
     samplings: tuple[str, ...] = AMPLIFIED_SAMPLINGS
     audit_refusal: str | None = None
     adaptive_clipping_refusal: str | None = None
     client_placement_refusal: str | None = None
+    distributed_placement_refusal: str | None = None
 
 
 _RULES: dict[str, StrategyRules] = {}

@@ -36,8 +36,9 @@ ACCOUNTANTS: tuple[str, ...] = get_args(AccountantName)
 RegisteredAccountant = Literal[AccountantName, "gdp", "flower-rdp"]
 REGISTERED_ACCOUNTANTS: tuple[str, ...] = get_args(RegisteredAccountant)
 
-#: ``privacy.placement``: where the round's Gaussian noise is added (strategies/client_dp/placement.py).
-Placement = Literal["client", "server"]
+#: ``privacy.placement``: where the round's noise is added (strategies/client_dp/placement.py): the server's
+#: Gaussian, the clients' Gaussian shares, or the clients' Skellam shares under secure aggregation (distributed DP).
+Placement = Literal["client", "server", "distributed"]
 PLACEMENTS: tuple[str, ...] = get_args(Placement)
 
 #: ``privacy.clipping``: a fixed C, or adaptive clipping's C_t (strategies/client_dp/clipping.py).

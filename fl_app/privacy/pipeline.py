@@ -38,6 +38,7 @@ import numpy as np
 
 from fl_app.privacy import mechanisms as mech
 from fl_app.privacy.accountants.events import GDPEvent, SampledGaussianEvent
+from fl_app.privacy.accountants.skellam import SkellamEvent
 
 NDArrays = list[np.ndarray]
 
@@ -88,7 +89,7 @@ class ReleaseParameters:
 
 
 #: An event a ledger composes (fl_app/privacy/accountants/events.py).
-PrivacyEvent = SampledGaussianEvent | GDPEvent
+PrivacyEvent = SampledGaussianEvent | GDPEvent | SkellamEvent
 
 
 class Mechanism:

@@ -15,7 +15,9 @@ let the server remove that node's masks and read its vector) or names fewer surv
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from cryptography.fernet import InvalidToken
@@ -150,6 +152,38 @@ class ClientSecAgg:
                 owners.append(owner)
                 shares.append(self.key_shares[owner])
         return owners, shares
+
+    # State between stages ------------------------------------------------------------------------------------
+    def to_record(self) -> dict[str, int | bytes | list[int] | list[bytes]]:
+        """The state as ``ConfigRecord`` values (ints, bytes, lists of one of them), kept in the node's Context."""
+        neighbours = sorted(self.neighbour_keys)
+        return {
+            "node_id": self.node_id, "threshold": self.threshold, "bits": self.bits, "length": self.length,
+            "mask_private": self.mask_private, "mask_public": self.mask_public,
+            "share_private": self.share_private, "share_public": self.share_public, "self_seed": self.self_seed,
+            "neighbours": neighbours,
+            "neighbour_mask_keys": [self.neighbour_keys[n][0] for n in neighbours],
+            "neighbour_share_keys": [self.neighbour_keys[n][1] for n in neighbours],
+            "seed_share_owners": list(self.seed_shares), "seed_shares": list(self.seed_shares.values()),
+            "key_share_owners": list(self.key_shares), "key_shares": list(self.key_shares.values()),
+            "masked_with": list(self.masked_with),
+        }  # fmt: skip
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ClientSecAgg:
+        """The state :meth:`to_record` wrote."""
+        state = cls(int(record["node_id"]), int(record["threshold"]), int(record["bits"]), int(record["length"]))
+        for key in ("mask_private", "mask_public", "share_private", "share_public", "self_seed"):
+            setattr(state, key, bytes(record[key]))
+        state.neighbour_keys = {
+            int(n): (bytes(m), bytes(k))
+            for n, m, k in zip(record["neighbours"], record["neighbour_mask_keys"], record["neighbour_share_keys"],
+                               strict=True)
+        }  # fmt: skip
+        state.seed_shares = dict(zip(map(int, record["seed_share_owners"]), record["seed_shares"], strict=True))
+        state.key_shares = dict(zip(map(int, record["key_share_owners"]), record["key_shares"], strict=True))
+        state.masked_with = [int(n) for n in record["masked_with"]]
+        return state
 
     def _channel(self, other: int) -> bytes:
         """The Fernet key this node shares with ``other`` (ECDH of the share keys)."""

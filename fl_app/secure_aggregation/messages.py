@@ -49,3 +49,14 @@ def vector_from_bytes(data: bytes, bits: int, length: int) -> np.ndarray:
     if length and int(vector.max()) >= (1 << bits):
         raise ValueError(f"a masked vector holds a value outside [0, 2^{bits})")
     return vector
+
+
+#: The participant a stage is for (a client's partition id: a SuperNode of a virtual population acts for each of
+#: the clients it is sent, with its own state for each).
+PARTICIPANT = "participant"
+#: The encoding of distributed DP, sent with the collect stage (fl_app.privacy.distributed.SkellamParameters'
+#: inputs, and the round's public rotation seed).
+ENCODING_KEYS = (
+    "clip_norm", "dimension", "min_clients", "max_clients", "noise_multiplier", "bits", "beta", "overflow_target",
+)  # fmt: skip
+ROTATION_SEED = "rotation_seed"

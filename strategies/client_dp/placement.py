@@ -9,11 +9,30 @@ accounts (:func:`fl_app.privacy.mechanisms.gaussian_noise_std`):
 - :class:`ClientPlacement` (needs fixed-size sampling): each client adds N(0, σ²C²/m) to its clipped update, and the
   server only tops the noise up for the clients that did not contribute
   (:func:`~fl_app.privacy.mechanisms.client_noise_topup_std`); the aggregator sees noised updates.
+
+A third placement has a noise of its own: :class:`DistributedPlacement` (distributed DP, docs/mechanisms.md): each
+client adds a share of Skellam noise to its integer-encoded update and secure aggregation gives the server only the
+sum (strategies/secure_sum.py); the server adds nothing, clips nothing it cannot see, and its ledger is the distributed
+Skellam mechanism's, against the released models' consumers and against the server itself.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+from scipy import stats
+
+from fl_app.config import DPConfig
+from fl_app.models import build_model_for_dataset, weight_shapes
 from fl_app.privacy import mechanisms as mech
+from fl_app.privacy.distributed.mechanism import DistributedLedger, DistributedSkellamNoise
+from fl_app.privacy.distributed.skellam import SkellamParameters
+from fl_app.privacy.pipeline import Mechanism
+
+#: The sample size distributed DP's scale is chosen for: the Poisson sample's (1 − this) quantile; a larger sample
+#: only raises the round's overflow probability (a wrap is detected), never what the ledger accounts.
+SAMPLE_SIZE_TAIL = 1e-9
 
 
 class ServerPlacement:
@@ -23,8 +42,17 @@ class ServerPlacement:
     #: Whether the server clips every reply again (it can only when the replies carry no noise of their own).
     server_clips = True
 
+    #: Whether the clients' updates leave them only through secure aggregation.
+    secure_aggregation = False
+
     def server_noise_std(self, noise_multiplier: float, clip_norm: float, m: float, contributing: int) -> float:
         return mech.gaussian_noise_std(noise_multiplier, clip_norm, m, "server")
+
+    def pipeline(self, mechanisms: tuple[Mechanism, ...]) -> tuple[Mechanism, ...]:
+        return mechanisms
+
+    def ledger(self, delta: float, population: int, accountant: object = None) -> None:
+        return None  # the private rounds' own (the subsampled Gaussian mechanism's)
 
 
 class ClientPlacement:
@@ -32,13 +60,76 @@ class ClientPlacement:
     clients_add_noise = True
     server_clips = False
 
+    #: Whether the clients' updates leave them only through secure aggregation.
+    secure_aggregation = False
+
     def server_noise_std(self, noise_multiplier: float, clip_norm: float, m: float, contributing: int) -> float:
         return mech.client_noise_topup_std(noise_multiplier, clip_norm, m, contributing)
 
+    def pipeline(self, mechanisms: tuple[Mechanism, ...]) -> tuple[Mechanism, ...]:
+        return mechanisms
 
-Placement = ServerPlacement | ClientPlacement
+    def ledger(self, delta: float, population: int, accountant: object = None) -> None:
+        return None
 
 
-def placement(name: str) -> Placement:
-    """The placement called ``name`` (``privacy.placement``: server | client)."""
-    return ClientPlacement() if name == "client" else ServerPlacement()
+class DistributedPlacement:
+    """Distributed DP: the clients' Skellam shares under secure aggregation, with the run's encoding ``parameters``
+    (scale, bit width, sensitivities; the same for every round)."""
+
+    name = "distributed"
+    clients_add_noise = False  # no Gaussian share: the Skellam share is added while the client encodes
+    server_clips = False  # the server never sees an update to clip
+    secure_aggregation = True
+
+    def __init__(self, parameters: SkellamParameters, neighbours: int | None = None) -> None:
+        self.parameters = parameters
+        self.neighbours = neighbours
+
+    @classmethod
+    def for_run(cls, privacy: DPConfig, shapes: Sequence[tuple[int, ...]], num_clients: int) -> DistributedPlacement:
+        """The placement of a run with ``privacy`` (placement=distributed), a model of ``shapes`` and M clients."""
+        settings = privacy.distributed
+        if settings is None:
+            raise ValueError("privacy.placement=distributed needs the privacy.distributed settings")
+        expected = privacy.sample_rate * num_clients
+        threshold = settings.resolved_threshold(expected)
+        largest = int(stats.binom.ppf(1.0 - SAMPLE_SIZE_TAIL, num_clients, privacy.sample_rate))
+        parameters = SkellamParameters(
+            clip_norm=privacy.clip_norm,
+            dimension=int(sum(int(np.prod(shape, dtype=np.int64)) for shape in shapes)),
+            min_clients=threshold,
+            max_clients=max(threshold, largest),
+            noise_multiplier=privacy.noise_multiplier,
+            bits=settings.bits,
+            beta=settings.rounding_beta,
+            overflow_target=settings.overflow_target,
+        )
+        return cls(parameters, settings.neighbours)
+
+    def server_noise_std(self, noise_multiplier: float, clip_norm: float, m: float, contributing: int) -> float:
+        return 0.0
+
+    def pipeline(self, mechanisms: tuple[Mechanism, ...]) -> tuple[Mechanism, ...]:
+        """The strategy's mechanisms with the Gaussian mechanism's place taken by the clients' Skellam shares."""
+        return DistributedSkellamNoise.replacing_gaussian(mechanisms, self.parameters)
+
+    def ledger(self, delta: float, population: int, accountant: object = None) -> DistributedLedger:
+        """Distributed DP's own ledger; an accountant given for the subsampled Gaussian mechanism is refused."""
+        if accountant is not None:
+            raise ValueError("distributed DP accounts with its own Skellam accountants; pass no accountant")
+        return DistributedLedger(delta, population, self.parameters)
+
+
+Placement = ServerPlacement | ClientPlacement | DistributedPlacement
+
+
+def placement(privacy: DPConfig, num_clients: int, model: str = "", dataset: str = "") -> Placement:
+    """The placement ``privacy.placement`` names (server | client | distributed); distributed DP's encoding
+    is for the weights of ``model`` on ``dataset``."""
+    if privacy.placement == "client":
+        return ClientPlacement()
+    if privacy.placement == "distributed":
+        shapes = weight_shapes(build_model_for_dataset(model, dataset, seed=0))
+        return DistributedPlacement.for_run(privacy, shapes, num_clients)
+    return ServerPlacement()

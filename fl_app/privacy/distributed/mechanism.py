@@ -1,0 +1,145 @@
+"""Distributed DP as a step of the privacy pipeline (:mod:`fl_app.privacy.pipeline`) and its ledger.
+
+:class:`DistributedSkellamNoise` takes the Gaussian mechanism's place when the clients' Skellam shares, summed by
+secure aggregation, are the round's noise (``privacy.placement=distributed``): it adds nothing on either side of the
+pipeline (a client adds its share while it encodes, clients/secure_aggregation.py), and its release is a
+:class:`~fl_app.privacy.accountants.skellam.SkellamEvent`: the sum's noise of variance ``v = (σ·Δ2)²`` — what the
+``t`` clients a round needs carry at the least, so a round with more survivors has more noise than is accounted and
+a client that drops out takes nothing from it — at the integer sensitivities of the run's encoding
+(:class:`~fl_app.privacy.distributed.skellam.SkellamParameters`).
+
+:class:`DistributedLedger` composes those events against both adversaries (``fl_app.privacy.accountants.skellam``):
+the released models' consumers (the ε a budget guards, amplified by the secret Poisson sample) and the server (it
+draws the sample, so no amplification: every round a client could take part in costs it in full).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
+
+from fl_app.privacy.accountants.skellam import SkellamAccountant, SkellamEvent
+from fl_app.privacy.distributed.skellam import SkellamParameters
+from fl_app.privacy.ledger import PrivacyLedger
+from fl_app.privacy.pipeline import ClientStep, GaussianNoise, Mechanism, NDArrays, ReleaseParameters, ServerStep
+
+__all__ = ["DistributedLedger", "DistributedSkellamNoise", "skellam_event"]
+
+
+def skellam_event(parameters: SkellamParameters, noise_multiplier: float, sample_rate: float) -> SkellamEvent:
+    """One release of the encoding ``parameters`` at noise multiplier σ (over Δ2) and sampling rate q."""
+    l2 = parameters.l2_sensitivity
+    return SkellamEvent((noise_multiplier * l2) ** 2, l2, parameters.l1_sensitivity, sample_rate)
+
+
+class DistributedSkellamNoise(Mechanism):
+    """The round's noise under distributed DP: the clients' Skellam shares (module docstring)."""
+
+    def __init__(self, parameters: SkellamParameters) -> None:
+        self.parameters = parameters
+
+    def client_step(self, update: NDArrays, step: ClientStep) -> NDArrays:
+        return update  # the share is added to the integers, after the encoding
+
+    def server_step(self, average: NDArrays, step: ServerStep) -> NDArrays:
+        return average  # the sum came with its noise
+
+    def privacy_event(self, release: ReleaseParameters) -> SkellamEvent:
+        return skellam_event(self.parameters, release.noise_multiplier, release.sample_rate)
+
+    @staticmethod
+    def replacing_gaussian(mechanisms: tuple[Mechanism, ...], parameters: SkellamParameters) -> tuple[Mechanism, ...]:
+        """``mechanisms`` with the Gaussian mechanism replaced by the clients' Skellam shares."""
+        if not any(isinstance(m, GaussianNoise) for m in mechanisms):
+            raise ValueError("distributed DP replaces the Gaussian mechanism, and this pipeline has none")
+        return tuple(DistributedSkellamNoise(parameters) if isinstance(m, GaussianNoise) else m for m in mechanisms)
+
+
+class DistributedLedger(PrivacyLedger):
+    """Distributed DP's releases, against the released models' consumers and against the server (module
+    docstring). ``parameters`` is the run's encoding; ``population`` M."""
+
+    def __init__(self, delta: float, population: int, parameters: SkellamParameters) -> None:
+        super().__init__(delta)
+        self.parameters = parameters
+        self.accountant = SkellamAccountant(_config(delta, population, SamplingMethod.POISSON))
+        self.server_accountant = SkellamAccountant(_config(delta, population, SamplingMethod.NO_AMPLIFICATION))
+
+    @property
+    def rounds(self) -> int:
+        return self.accountant.num_releases
+
+    def step(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> None:
+        if rounds:
+            self.compose(skellam_event(self.parameters, noise_multiplier, sample_rate), rounds)
+
+    def compose(self, event: Any, count: int = 1) -> None:
+        if not isinstance(event, SkellamEvent):
+            raise TypeError(f"a distributed-DP ledger accounts SkellamEvent releases, not {event!r}")
+        self.accountant.compose(event, count)
+        self.server_accountant.compose(event, count)
+
+    def epsilon_at(self, delta: float) -> float:
+        return self.accountant.get_epsilon(delta)
+
+    def server_epsilon(self) -> float:
+        """ε at δ against the server."""
+        return self.server_accountant.get_epsilon(self.delta)
+
+    def projected_epsilon(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> float:
+        if not rounds:
+            return self.epsilon()
+        return self.accountant.epsilon_after(skellam_event(self.parameters, noise_multiplier, sample_rate), rounds)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"models": self.accountant.state_dict(), "server": self.server_accountant.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.accountant.load_state_dict(state["models"])
+        self.server_accountant.load_state_dict(state["server"])
+
+    def claim(self) -> dict[str, Any]:
+        epsilon, server = self.epsilon(), self.server_epsilon()
+        p = self.parameters
+        return {
+            "statement": (
+                f"client-level ({epsilon:.4g}, {self.delta:.3g})-DP against whoever sees the released models; "
+                f"({server:.4g}, {self.delta:.3g})-DP against the server, which sees each round's sample and the "
+                "sum of its clients' noisy updates, never one client's"
+            ),
+            "accountant": "rdp (distributed Skellam mechanism)",
+            "sampling_event": "poisson (amplifies against the models' consumers only)",
+            "neighbouring": "add/remove one client",
+            "epsilon": epsilon,
+            "delta": self.delta,
+            "server_epsilon": server,
+            "rounds_accounted": self.rounds,
+            "distributed": {
+                "mechanism": "distributed Skellam over SecAgg+",
+                "bits": p.bits,
+                "scale": p.scale,
+                "padded_dimension": p.padded,
+                "l2_sensitivity": p.l2_sensitivity,
+                "l1_sensitivity": p.l1_sensitivity,
+                "min_survivors": p.min_clients,
+                "max_clients": p.max_clients,
+                "overflow_probability": p.overflow,
+                "rounding_beta": p.beta,
+                "adversaries": {
+                    "models": "sees the released models; the Poisson sample is secret from it (amplified)",
+                    "server": "honest-but-curious: runs secure aggregation as specified, sees the sample and the "
+                    "sum (not amplified); does not collude with clients",
+                },
+            },
+        }
+
+
+def _config(delta: float, population: int, method: SamplingMethod) -> PrivacyConfig:
+    return PrivacyConfig(
+        target_delta=float(delta),
+        population_size=population,
+        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+        sampling_method=method,
+    )

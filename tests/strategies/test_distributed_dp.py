@@ -1,0 +1,118 @@
+"""Distributed DP through the real ClientApp in this process (Flower's wire format, no Ray): the four stages of
+secure aggregation each round, the released model the clipped sum plus the clients' Skellam noise, what the server
+receives, dropouts, and both guarantees in the run's claim. (A real deployment is
+tests/integration/test_distributed_deployment.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+from scipy import stats
+
+from apps.client_app import app as our_app
+from fl_app.models import build_model_for_dataset, get_weights
+from fl_app.secure_aggregation.messages import MESSAGE_TYPE, PARTICIPANT, RECORD, STAGE, vector_from_bytes
+from tests.helpers import InProcessGrid, build
+
+pytestmark = pytest.mark.usefixtures("fashion_mnist")
+
+SMALL = ("dataset.num_clients=6", "privacy.sample_rate=0.5", "dataset.max_train_samples=300", "model.name=cnn")
+DISTRIBUTED = ("privacy.placement=distributed", "privacy.client_statistics=none", *SMALL)
+
+
+def _weights(strategy) -> list[np.ndarray]:
+    return get_weights(build_model_for_dataset(strategy.config.model.name, strategy.config.dataset.name, seed=0))
+
+
+class RecordingGrid(InProcessGrid):
+    """The in-process grid, keeping every reply the server received."""
+
+    def __init__(self, nodes: int, app: ClientApp) -> None:
+        super().__init__(nodes=nodes, app=app)
+        self.received: list[Message] = []
+
+    def _deliver(self, message):
+        reply = super()._deliver(message)
+        self.received.append(reply)
+        return reply
+
+
+def _run(*overrides: str, rounds: int = 2, app: ClientApp = our_app, **run):
+    strategy = build(*DISTRIBUTED, *overrides, **run)
+    grid = RecordingGrid(6, app)
+    initial = _weights(strategy)
+    result = strategy.start(grid, ArrayRecord(initial), num_rounds=rounds, timeout=60)
+    return strategy, grid, initial, result.arrays.to_numpy_ndarrays()
+
+
+def test_a_round_is_four_stages_and_the_claim_states_both_adversaries() -> None:
+    strategy, grid, initial, final = _run()
+    types = {reply.metadata.message_type for reply in grid.received}
+    assert types <= {MESSAGE_TYPE, "query"}
+    assert any(not np.array_equal(a, b) for a, b in zip(initial, final, strict=True))
+    claim = strategy.dp_guarantee()
+    assert claim["placement"] == "distributed" and claim["rounds_accounted"] == 2
+    assert 0 < claim["epsilon"] < claim["server_epsilon"] < np.inf
+    assert "against the server" in claim["dp_guarantee"]
+    assert claim["distributed"]["bits"] == 32 and claim["distributed"]["min_survivors"] == 2
+
+
+def test_the_server_receives_no_update_only_masked_vectors_uniform_modulo_2_to_the_b() -> None:
+    _, grid, _, _ = _run(rounds=1)
+    stage_replies = [r for r in grid.received if r.metadata.message_type == MESSAGE_TYPE]
+    assert stage_replies and all(not r.content.array_records for r in stage_replies)
+    masked = [r.content.config_records[RECORD]["masked"] for r in stage_replies if "masked" in r.content[RECORD]]
+    assert len(masked) >= 2
+    bits = 32
+    for data in masked:
+        vector = vector_from_bytes(bytes(data), bits, len(data) // 4)
+        assert stats.kstest(vector / 2.0**bits, "uniform").pvalue > 1e-4
+
+
+def test_the_released_model_is_the_clipped_sum_plus_the_clients_noise() -> None:
+    """At a tiny σ the distributed round releases what the server-placement round releases from the same clients
+    (the same seeded training), up to the noise (norm about σC√d in both) and the rounding."""
+    tiny = ("privacy.noise_multiplier=1e-6",)
+    _, _, initial, distributed = _run(*tiny, rounds=1)
+    central = build(*SMALL, *tiny, "privacy.client_statistics=none", "simulation.cohort_size=1")
+    final = central.start(InProcessGrid(6), ArrayRecord(initial), num_rounds=1, timeout=60).arrays.to_numpy_ndarrays()
+    moved = np.sqrt(sum(float(np.sum((f - i) ** 2)) for f, i in zip(final, initial, strict=True)))
+    apart = np.sqrt(sum(float(np.sum((d - f) ** 2)) for d, f in zip(distributed, final, strict=True)))
+    assert moved > 0.05 and apart < 0.05 * moved
+
+
+def _dropping(stage: str, participant_count: int = 1) -> ClientApp:
+    """Our ClientApp, except that the first ``participant_count`` participants to reach ``stage`` fail it."""
+    failed: set[int] = set()
+
+    def handler(message: Message, context: Context) -> Message:
+        if message.metadata.message_type == MESSAGE_TYPE:
+            request = message.content.config_records[RECORD]
+            participant = int(request[PARTICIPANT])
+            if request[STAGE] == stage and (participant in failed or len(failed) < participant_count):
+                failed.add(participant)
+                raise ConnectionError(f"participant {participant} dropped at {stage}")
+        return our_app(message, context)
+
+    return handler  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("stage", ["share_keys", "collect", "unmask"])
+def test_a_client_dropping_out_is_survived_and_the_accounting_is_unchanged(stage: str) -> None:
+    strategy, _, initial, final = _run("privacy.sample_rate=0.9", rounds=1, app=_dropping(stage))
+    reference, _, _, _ = _run("privacy.sample_rate=0.9", rounds=1)
+    outcome = strategy.last_outcome
+    assert outcome is not None and outcome.stats["aggregated"] >= 2
+    assert any(not np.array_equal(a, b) for a, b in zip(initial, final, strict=True))
+    # Accounted at the guaranteed minimum of survivors: a dropout changes nothing of epsilon.
+    assert strategy.epsilon() == pytest.approx(reference.epsilon())
+
+
+def test_a_plain_train_message_of_a_distributed_round_is_refused_by_the_client() -> None:
+    strategy = build(*DISTRIBUTED)
+    grid = InProcessGrid(6)  # our plain train handler, as a loop that sends the train messages itself would reach
+    messages = strategy.configure_train(1, ArrayRecord(_weights(strategy)), ConfigRecord(), grid)
+    replies = grid.send_and_receive(list(messages)[:1])
+    assert replies[0].has_error() and "only through secure aggregation" in replies[0].error.reason
