@@ -40,13 +40,15 @@ if TYPE_CHECKING:  # imported where it runs: a misspelt key is refused before th
 
 
 def simulation_nodes(config: AppConfig) -> int:
-    """SuperNodes to simulate: M with population=nodes; otherwise one per concurrent worker (results do not
-    depend on it, see strategies.population), so that cohort_size=auto gives every worker one cohort a round.
+    """SuperNodes to simulate: M with population=nodes or distributed DP; otherwise one per concurrent worker (results
+    do not depend on it, see strategies.population), so that cohort_size=auto gives every worker one cohort a round.
 
     When joining a Ray cluster (``simulation.ray_address``) the driver must already be connected
     (:func:`join_ray_cluster`): the count comes from the cluster's nodes, not from this machine.
     """
-    if config.population == "nodes":
+    if config.population == "nodes" or config.privacy.placement == "distributed":
+        # Distributed DP: a client's protocol state lives in its node's context between the stages, so no two
+        # clients of a round may share a node (strategies/secure_sum.py refuses it).
         return config.dataset.num_clients
     return max(1, min(config.dataset.num_clients, concurrent_workers(config)))
 

@@ -77,6 +77,12 @@ class SecureSum:
     ) -> SecureSumResult:
         """The four stages for ``plan``'s clients; the decoded sum of the survivors' updates."""
         route = {ids[0]: (message, message.metadata.dst_node_id) for message, ids in plan.sent}
+        if len({node for _, node in route.values()}) < len(route):
+            raise RuntimeError(
+                f"round {plan.server_round}: two clients on one SuperNode; secure aggregation keeps each client's "
+                "state in its node between the stages, so distributed DP needs a SuperNode per client of a round "
+                "(population=nodes, or at least as many SuperNodes as clients)"
+            )
         parameters = self.parameters
         answered: dict[str, int] = {}
         try:
