@@ -74,7 +74,7 @@ def test_a_tls_deployment_sums_securely_and_survives_a_node_killed_mid_run(short
     assert meta["status"] == "completed" and meta["placement"] == "distributed", context
     assert meta["noise_source"] == "os-csprng" and meta["rounds_accounted"] == 2, meta
     counts = read_metrics(out / OPERATOR_FILE)
-    assert [c["aggregated"] for c in counts][0] == NODES, counts
+    assert counts[0]["aggregated"] == NODES, counts
     assert all(c["aggregated"] == NODES - 1 for c in counts[1:]), counts  # the threshold t = 2 survives the dropout
     epsilon, server_epsilon = _expected_epsilons(meta, rounds=2)
     assert meta["epsilon"] == pytest.approx(epsilon, rel=1e-9)
