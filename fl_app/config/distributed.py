@@ -47,8 +47,11 @@ class DistributedConfig:
         return int(self.threshold)
 
 
-def validate_distributed(section: Mapping[str, Any] | None, privacy: Mapping[str, Any]) -> DistributedConfig:
-    """``privacy.distributed`` (absent: the defaults), and what distributed placement requires of ``privacy``."""
+def validate_distributed(
+    section: Mapping[str, Any] | None, privacy: Mapping[str, Any], num_clients: int
+) -> DistributedConfig:
+    """``privacy.distributed`` (absent: the defaults), and what distributed placement requires of ``privacy`` for a
+    run over ``num_clients`` clients."""
     section = dict(section or {})
     _known_keys(section, DistributedConfig, "privacy.distributed")
     p = "privacy.distributed"
@@ -66,8 +69,13 @@ def validate_distributed(section: Mapping[str, Any] | None, privacy: Mapping[str
     target = section.get("overflow_target", 1e-9)
     _require(isinstance(target, (int, float)) and 0 < target < 1, f"{p}.overflow_target", target, "in (0, 1)")
     _check_privacy(privacy)
-    return DistributedConfig(bits=int(bits), threshold=threshold, neighbours=neighbours,
-                             rounding_beta=float(beta), overflow_target=float(target))  # fmt: skip
+    settings = DistributedConfig(bits=int(bits), threshold=threshold, neighbours=neighbours,
+                                 rounding_beta=float(beta), overflow_target=float(target))  # fmt: skip
+    t = settings.resolved_threshold(float(privacy["sample_rate"]) * num_clients)
+    # A secret is rebuilt from t shares of one neighbourhood (the client and its neighbours).
+    _require(neighbours is None or t <= neighbours + 1, f"{p}.threshold", threshold,
+             f"at most neighbours + 1 = {(neighbours or 0) + 1} (the threshold resolves to t = {t})")  # fmt: skip
+    return settings
 
 
 def _check_privacy(privacy: Mapping[str, Any]) -> None:

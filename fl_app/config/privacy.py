@@ -101,7 +101,7 @@ def _validate_privacy(
     accountant, placement = _accountant_and_placement(section, sampling)
     distributed = None
     if placement == "distributed":
-        distributed = validate_distributed(section.get("distributed"), {**section, "sampling": sampling})
+        distributed = validate_distributed(section.get("distributed"), {**section, "sampling": sampling}, num_clients)
     _require(placement == "distributed" or section.get("distributed") is None, "privacy.distributed",
              section.get("distributed"), "absent unless privacy.placement=distributed")  # fmt: skip
     return DPConfig(
