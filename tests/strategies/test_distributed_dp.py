@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
+from flwr.supercore.task_identity import TaskIdentity
 from scipy import stats
 
 from apps.client_app import app as our_app
 from fl_app.models import build_model_for_dataset, get_weights
+from fl_app.privacy.distributed import SkellamCodec
 from fl_app.secure_aggregation.messages import MESSAGE_TYPE, PARTICIPANT, RECORD, STAGE, vector_from_bytes
 from tests.helpers import InProcessGrid, build
 
@@ -47,8 +49,16 @@ def _run(*overrides: str, rounds: int = 2, app: ClientApp = our_app, **run):
     return strategy, grid, initial, result.arrays.to_numpy_ndarrays()
 
 
-def test_a_round_is_four_stages_and_the_claim_states_both_adversaries() -> None:
-    strategy, grid, initial, final = _run()
+@pytest.fixture(scope="module")
+def two_rounds() -> tuple:
+    with pytest.MonkeyPatch.context() as patch:  # the task identity conftest.py fakes for each test
+        for name, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 0)):
+            patch.setattr(TaskIdentity, name, value)
+        return _run()
+
+
+def test_a_round_is_four_stages_and_the_claim_states_both_adversaries(two_rounds: tuple) -> None:
+    strategy, grid, initial, final = two_rounds
     types = {reply.metadata.message_type for reply in grid.received}
     assert types <= {MESSAGE_TYPE, "query"}
     assert any(not np.array_equal(a, b) for a, b in zip(initial, final, strict=True))
@@ -59,12 +69,12 @@ def test_a_round_is_four_stages_and_the_claim_states_both_adversaries() -> None:
     assert claim["distributed"]["bits"] == 32 and claim["distributed"]["min_survivors"] == 2
 
 
-def test_the_server_receives_no_update_only_masked_vectors_uniform_modulo_2_to_the_b() -> None:
-    _, grid, _, _ = _run(rounds=1)
+def test_the_server_receives_no_update_only_masked_vectors_uniform_modulo_2_to_the_b(two_rounds: tuple) -> None:
+    _, grid, _, _ = two_rounds
     stage_replies = [r for r in grid.received if r.metadata.message_type == MESSAGE_TYPE]
     assert stage_replies and all(not r.content.array_records for r in stage_replies)
     masked = [r.content.config_records[RECORD]["masked"] for r in stage_replies if "masked" in r.content[RECORD]]
-    assert len(masked) >= 2
+    assert len(masked) >= 4  # two rounds of at least two clients
     bits = 32
     for data in masked:
         vector = vector_from_bytes(bytes(data), bits, len(data) // 4)
@@ -102,12 +112,12 @@ def _dropping(stage: str, participant_count: int = 1) -> ClientApp:
 @pytest.mark.parametrize("stage", ["share_keys", "collect", "unmask"])
 def test_a_client_dropping_out_is_survived_and_the_accounting_is_unchanged(stage: str) -> None:
     strategy, _, initial, final = _run("privacy.sample_rate=0.9", rounds=1, app=_dropping(stage))
-    reference, _, _, _ = _run("privacy.sample_rate=0.9", rounds=1)
     outcome = strategy.last_outcome
     assert outcome is not None and outcome.stats["aggregated"] >= 2
     assert any(not np.array_equal(a, b) for a, b in zip(initial, final, strict=True))
-    # Accounted at the guaranteed minimum of survivors: a dropout changes nothing of epsilon.
-    assert strategy.epsilon() == pytest.approx(reference.epsilon())
+    # Accounted at the guaranteed minimum of survivors: a dropout changes nothing of epsilon, which is one release's.
+    one_release = build(*DISTRIBUTED, "privacy.sample_rate=0.9").account.budget.projected_epsilon()
+    assert strategy.epsilon() == pytest.approx(one_release, rel=1e-12)
 
 
 def test_a_plain_train_message_of_a_distributed_round_is_refused_by_the_client() -> None:
@@ -116,3 +126,25 @@ def test_a_plain_train_message_of_a_distributed_round_is_refused_by_the_client()
     messages = strategy.configure_train(1, ArrayRecord(_weights(strategy)), ConfigRecord(), grid)
     replies = grid.send_and_receive(list(messages)[:1])
     assert replies[0].has_error() and "only through secure aggregation" in replies[0].error.reason
+
+
+AUDITED = ("audit=canaries", "audit.canaries=400", "audit.support=100", "privacy.delta=1e-5")
+
+
+def test_the_canary_audit_holds_on_a_distributed_run() -> None:
+    strategy, _, _, _ = _run(*AUDITED, rounds=2)
+    result = strategy.auditor.result
+    assert result is not None and result.round == 2
+    assert result.accountant_epsilon == pytest.approx(strategy.epsilon(), rel=1e-12)
+    assert not result.violation and not result.alarm
+
+
+def test_the_audit_flags_a_build_whose_clients_add_no_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weakened build: every client's Skellam share is zero while the ledger still accounts σ — the canaries,
+    added to the decoded sum as a client's clipped update would be, stand out."""
+    monkeypatch.setattr(SkellamCodec, "noise", lambda self, rng: np.zeros(self.rotation.padded, dtype=np.int64))
+    strategy, _, _, _ = _run(*AUDITED, rounds=2)
+    result = strategy.auditor.result
+    assert result is not None and result.alarm
+    assert result.alarm_epsilon > 100 * result.accountant_epsilon
+    assert "PRIVACY ALARM" in strategy.dp_guarantee()["dp_guarantee"]
