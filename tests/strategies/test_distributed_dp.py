@@ -13,6 +13,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from scipy import stats
 
 from apps.client_app import app as our_app
+from fl_app.checkpoint import load_checkpoint
 from fl_app.models import build_model_for_dataset, get_weights
 from fl_app.privacy.distributed import SkellamCodec
 from fl_app.secure_aggregation.messages import MESSAGE_TYPE, PARTICIPANT, RECORD, STAGE, vector_from_bytes
@@ -50,11 +51,12 @@ def _run(*overrides: str, rounds: int = 2, app: ClientApp = our_app, **run):
 
 
 @pytest.fixture(scope="module")
-def two_rounds() -> tuple:
+def two_rounds(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """Two rounds, checkpointed in the run's directory (``strategy.checkpoint_dir``)."""
     with pytest.MonkeyPatch.context() as patch:  # the task identity conftest.py fakes for each test
         for name, value in (("_task_id", 1), ("_run_id", 1), ("_node_id", 0)):
             patch.setattr(TaskIdentity, name, value)
-        return _run()
+        return _run(checkpoint_dir=tmp_path_factory.mktemp("distributed"))
 
 
 def test_a_round_is_four_stages_and_the_claim_states_both_adversaries(two_rounds: tuple) -> None:
@@ -79,6 +81,16 @@ def test_the_server_receives_no_update_only_masked_vectors_uniform_modulo_2_to_t
     for data in masked:
         vector = vector_from_bytes(bytes(data), bits, len(data) // 4)
         assert stats.kstest(vector / 2.0**bits, "uniform").pvalue > 1e-4
+
+
+def test_a_resume_restores_both_ledgers_and_continues(two_rounds: tuple) -> None:
+    strategy, _, initial, _ = two_rounds
+    resumed = build(*DISTRIBUTED, checkpoint_dir=strategy.checkpoint_dir,
+                    resume_from=load_checkpoint(strategy.checkpoint_dir))  # fmt: skip
+    assert resumed.epsilon() == strategy.epsilon()
+    assert resumed.account.ledger.server_epsilon() == strategy.account.ledger.server_epsilon()
+    resumed.start(RecordingGrid(6, our_app), ArrayRecord(initial), num_rounds=3, timeout=60)
+    assert resumed.dp_guarantee()["rounds_accounted"] == 3 and resumed.epsilon() > strategy.epsilon()
 
 
 def test_the_released_model_is_the_clipped_sum_plus_the_clients_noise() -> None:
