@@ -15,6 +15,7 @@ import pytest
 from bench.processes import BIN, ROOT, stop_process_group
 from fl_app.metrics import OPERATOR_FILE, read_metrics
 from tests.integration.deploy import Deployment, deploy_run_config, deployment, flwr_run, start_flwr_run
+from tests.integration.distributed_checks import assert_distributed_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -23,6 +24,9 @@ NODES = 2
 # 1.66M weights that wrecks the model in round 1 and local training diverges (NaN) in round 2, so every reply fails.
 # A smaller σ keeps these 2-client smoke runs learning; ε is large but accounted all the same.
 SMALL_SIGMA = "privacy.noise_multiplier=0.1"
+#: The TLS runs that lose a SuperNode: three, so that distributed DP's threshold t = 2 survives the loss.
+KILL_NODES = 3
+DISTRIBUTED = f"privacy=distributed strategy=dp_fedavg {SMALL_SIGMA}"
 
 
 def _records(out: Path) -> list[dict]:
@@ -76,6 +80,15 @@ def _tail(text: str, chars: int = 4000) -> str:
     return text[-chars:]
 
 
+def _wait_for_round_1(out: Path, started: dict[str, subprocess.Popen[bytes]], dep: Deployment) -> None:
+    deadline = time.monotonic() + 300
+    while not _records(out):
+        for name, run in started.items():
+            assert run.poll() is None, f"flwr run {name} exited ({run.returncode}) early\n{dep.tails()}"
+        assert time.monotonic() < deadline, f"no round 1 in {out} after 300 s\n{dep.tails()}"
+        time.sleep(0.2)
+
+
 def _assert_tls_only(dep: Deployment) -> None:
     """The SuperLink really speaks TLS only: the same address through a plain-HTTP connection is refused."""
     config = Path(dep.env["FLWR_HOME"]) / "config.toml"
@@ -95,7 +108,7 @@ def _assert_tls_only(dep: Deployment) -> None:
 
 
 # Slow: the default suite's deployments are test_deployment_privacy.py (insecure, 4 SuperNodes, two runs) and the
-# TLS run below, whose first round trains on both SuperNodes before one of them dies.
+# TLS runs below, whose first round trains on every SuperNode before one of them dies.
 @pytest.mark.slow
 @pytest.mark.parametrize("tls", [False, True], ids=["insecure", "tls"])
 def test_two_supernodes_train_dp_fedsam(short_tmp: Path, tls: bool) -> None:
@@ -117,33 +130,41 @@ def test_two_supernodes_train_dp_fedsam(short_tmp: Path, tls: bool) -> None:
     _assert_all_stopped(dep)
 
 
-def test_tls_run_trains_on_both_nodes_and_completes_when_one_dies_mid_run(short_tmp: Path) -> None:
-    out = short_tmp / "out"
-    run_config = deploy_run_config(out, NODES, num_rounds=3, extra="round_timeout=40", overrides=SMALL_SIGMA)
-    with deployment(short_tmp, NODES, tls=True) as dep:
+def test_tls_runs_complete_when_a_node_dies_mid_run_central_and_distributed(short_tmp: Path) -> None:
+    """Two runs on one TLS SuperLink with three SuperNodes: distributed DP-FedAvg (secure aggregation; its own checks:
+    tests/integration/distributed_checks.py) and, once it has released round 1, DP-FedSAM (server placement). Once
+    that has released its round 1 too, a SuperNode is killed; both complete with the two others."""
+    rounds = {"distributed": 4, "central": 3}
+    runs = {
+        "distributed": deploy_run_config(short_tmp / "distributed", KILL_NODES, num_rounds=rounds["distributed"],
+                                         extra="round_timeout=30", overrides=DISTRIBUTED),
+        "central": deploy_run_config(short_tmp / "central", KILL_NODES, num_rounds=rounds["central"],
+                                     extra="round_timeout=30", overrides=SMALL_SIGMA),
+    }  # fmt: skip
+    with deployment(short_tmp, KILL_NODES, tls=True) as dep:
         _assert_tls_only(dep)
-        dep.logs["flwr run"] = short_tmp / "flwr_run.log"
-        run = start_flwr_run(dep.env, dep.connection, run_config, dep.logs["flwr run"])
+        started = {}
         try:
-            deadline = time.monotonic() + 300
-            while not _records(out):
-                assert run.poll() is None, f"flwr run exited ({run.returncode}) before round 1\n{dep.tails()}"
-                assert time.monotonic() < deadline, f"no round 1 after 300 s\n{dep.tails()}"
-                time.sleep(0.2)
-            assert len(_records(out)) == 1, dep.tails()  # round 2 is under way, the node is in it
-            dep.kill_supernode(1)  # SIGKILL its process group: the SuperNode, its SuperExec and ClientApp
-            returncode = run.wait(timeout=400)
+            for name, run_config in runs.items():  # each started once the one before has released round 1
+                dep.logs[f"flwr run {name}"] = short_tmp / f"flwr_run_{name}.log"
+                started[name] = start_flwr_run(dep.env, dep.connection, run_config, dep.logs[f"flwr run {name}"])
+                _wait_for_round_1(short_tmp / name, started, dep)
+            assert all(len(_records(short_tmp / name)) < rounds[name] for name in runs), dep.tails()  # mid-run
+            dep.kill_supernode(KILL_NODES - 1)  # SIGKILL its process group: the SuperNode, its SuperExec, ClientApp
+            returncodes = {name: run.wait(timeout=500) for name, run in started.items()}
         finally:
-            stop_process_group(run)
+            for run in started.values():
+                stop_process_group(run)
     context = dep.tails()
-    assert returncode == 0, context
+    assert returncodes == {"central": 0, "distributed": 0}, context
     assert "insecure HTTP server" not in dep.logs["superlink"].read_text(errors="replace"), context
-    _assert_completed(out, rounds=3, context=context)
-    counts = _operator_counts(out, rounds=3)
-    assert counts[0]["aggregated"] == NODES and counts[0]["failed"] == 0, (counts[0], context)
-    for r in counts[1:]:
-        # The dead node's message times out (round 2) or the SuperLink answers it with "Node Unavailable" once the
-        # node missed its heartbeats (round 3); either way it counts as failed and the round completes without it.
-        assert r["sampled"] == NODES, (r, context)
-        assert r["failed"] >= 1 and r["aggregated"] == 1, (r, context)
+    _assert_completed(short_tmp / "central", rounds=rounds["central"], context=context)
+    for name in runs:
+        counts = _operator_counts(short_tmp / name, rounds=rounds[name])
+        assert counts[0]["aggregated"] == KILL_NODES and counts[0]["failed"] == 0, (name, counts[0], context)
+        # The dead node's message times out, or the SuperLink answers it with "Node Unavailable" once the node
+        # missed its heartbeats; either way it counts as failed and the round completes without it.
+        assert counts[-1]["failed"] >= 1 and counts[-1]["aggregated"] == KILL_NODES - 1, (name, counts[-1], context)
+        assert all(c["sampled"] == KILL_NODES for c in counts), (name, counts, context)
+    assert_distributed_run(short_tmp / "distributed", KILL_NODES, rounds=rounds["distributed"], context=context)
     _assert_all_stopped(dep)

@@ -1,6 +1,6 @@
 """Distributed DP-FedSAM from the Hydra front door on Flower's Ray engine (the shared Ray head): every round over
 secure aggregation, one SuperNode per client, and both guarantees in run.json. (The wire-format checks:
-tests/strategies/test_distributed_dp.py; a TLS deployment with a node killed: test_distributed_deployment.py.)"""
+tests/strategies/test_distributed_dp.py; a TLS deployment with a node killed: test_deployment.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Distributed DP through the real ClientApp in this process (Flower's wire format, no Ray): the four stages of
 secure aggregation each round, the released model the clipped sum plus the clients' Skellam noise, what the server
 receives, dropouts, and both guarantees in the run's claim. (A real deployment is
-tests/integration/test_distributed_deployment.py.)"""
+tests/integration/test_deployment.py::test_tls_runs_complete_when_a_node_dies_mid_run_central_and_distributed.)"""
 
 from __future__ import annotations
 
