@@ -34,10 +34,7 @@ STREAM_ADAPTIVE_CLIP = 6
 STREAM_CANARY_SAMPLING = 7
 #: DP-FTRL's cyclic groups (strategies/dp_ftrl.py): keyed by the run's participation key, not the round.
 STREAM_PARTICIPATION_GROUPS = 8
-#: Distributed DP: a client's rounding and Skellam share (clients/secure_aggregation.py), and the round's public
-#: rotation seed the server draws (strategies/secure_sum.py).
-STREAM_DISTRIBUTED_SHARE = 9
-STREAM_ROTATION = 10
+STREAM_DISTRIBUTED_SHARE, STREAM_ROTATION = 9, 10  # distributed DP: a client's rounding and share; the rotation
 
 
 @dataclass(frozen=True)
@@ -179,8 +176,7 @@ class TrainInstructions:
     # The run's noise key (privacy.noise_stream=per_run: fl_app.config.noise_stream_key), the last key word of the
     # client's noise stream; None (not sent) = the seed's shared noise, or secure randomness.
     noise_key: int | None = None
-    # Distributed DP: the update may leave the client only masked, through secure aggregation's stages
-    # (clients/secure_aggregation.py); a plain train message carrying these instructions is refused.
+    # Distributed DP: the update leaves only masked (clients/secure_aggregation.py); a plain train message is refused.
     secure_aggregation: bool = False
 
     def to_config_record(self) -> ConfigRecord:
@@ -377,20 +373,14 @@ def make_train_instructions(
     secure_aggregation: bool = False,
 ) -> TrainInstructions:
     d = config.dataset
+    data = DataSpec(dataset=d.name, data_dir=d.data_dir or "", download=d.download, partition=d.partition,
+                    alpha=d.alpha, num_clients=d.num_clients, partition_seed=config.seed,
+                    max_train_samples=d.max_train_samples or 0)  # fmt: skip
     return TrainInstructions(
         server_round=server_round,
         # Secure randomness sends no seed: nothing a client receives re-derives who was sampled or any noise.
         seed=None if secure_noise else config.seed,
-        data=DataSpec(
-            dataset=d.name,
-            data_dir=d.data_dir or "",
-            download=d.download,
-            partition=d.partition,
-            alpha=d.alpha,
-            num_clients=d.num_clients,
-            partition_seed=config.seed,
-            max_train_samples=d.max_train_samples or 0,
-        ),
+        data=data,
         model=config.model.name,
         recipe=recipe,
         training=training if isinstance(training, LocalTrainingConfig) else None,
