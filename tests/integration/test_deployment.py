@@ -131,23 +131,25 @@ def test_two_supernodes_train_dp_fedsam(short_tmp: Path, tls: bool) -> None:
 
 
 def test_tls_runs_complete_when_a_node_dies_mid_run_central_and_distributed(short_tmp: Path) -> None:
-    """Two runs on one TLS SuperLink with three SuperNodes: distributed DP-FedAvg (secure aggregation; its own checks:
-    tests/integration/distributed_checks.py) and, once it has released round 1, DP-FedSAM (server placement). Once
-    that has released its round 1 too, a SuperNode is killed; both complete with the two others."""
-    rounds = {"distributed": 4, "central": 3}
+    """Two runs on one TLS SuperLink with three SuperNodes, started together: distributed DP-FedAvg (secure
+    aggregation; its own checks: tests/integration/distributed_checks.py) and DP-FedSAM (server placement, with more
+    rounds: its rounds are shorter). Once both have released round 1, a SuperNode is killed; both complete with the
+    two others. The timeouts leave room for round 1 of both on two shared cores."""
+    rounds = {"distributed": 3, "central": 6}
     runs = {
         "distributed": deploy_run_config(short_tmp / "distributed", KILL_NODES, num_rounds=rounds["distributed"],
-                                         extra="round_timeout=30", overrides=DISTRIBUTED),
+                                         extra="round_timeout=45", overrides=DISTRIBUTED),
         "central": deploy_run_config(short_tmp / "central", KILL_NODES, num_rounds=rounds["central"],
-                                     extra="round_timeout=30", overrides=SMALL_SIGMA),
+                                     extra="round_timeout=60", overrides=SMALL_SIGMA),
     }  # fmt: skip
     with deployment(short_tmp, KILL_NODES, tls=True) as dep:
         _assert_tls_only(dep)
         started = {}
         try:
-            for name, run_config in runs.items():  # each started once the one before has released round 1
+            for name, run_config in runs.items():
                 dep.logs[f"flwr run {name}"] = short_tmp / f"flwr_run_{name}.log"
                 started[name] = start_flwr_run(dep.env, dep.connection, run_config, dep.logs[f"flwr run {name}"])
+            for name in runs:
                 _wait_for_round_1(short_tmp / name, started, dep)
             assert all(len(_records(short_tmp / name)) < rounds[name] for name in runs), dep.tails()  # mid-run
             dep.kill_supernode(KILL_NODES - 1)  # SIGKILL its process group: the SuperNode, its SuperExec, ClientApp
