@@ -38,6 +38,13 @@ PROJECT_STRATEGIES: tuple[type[NamedStrategy], ...] = (
 _CLASSES: dict[str, type[NamedStrategy]] = {}
 
 
+#: Why a plain algorithm cannot run under distributed DP.
+PLAIN_REFUSAL = (
+    "a non-private reference clips nothing and adds no noise, so it has nothing to sum securely; run its DP "
+    "strategy (e.g. dp_fedavg, dp_fedsam)"
+)
+
+
 def register_strategy(cls: StrategyClass) -> StrategyClass:
     """Register ``cls`` under its ``config_name`` (usable as a class decorator); registering it again does nothing.
     ValueError for a class that is neither a :class:`FederatedStrategy` nor a :class:`RegisteredDP`, has no
@@ -54,13 +61,17 @@ def register_strategy(cls: StrategyClass) -> StrategyClass:
     if holder is not None and holder is not cls:
         raise ValueError(f"register_strategy: the name {name!r} is {holder.__module__}.{holder.__qualname__}'s")
     _CLASSES[name] = cls
+    distributed_refusal = cls.distributed_placement_refusal
+    if distributed_refusal is None and not issubclass(cls, RegisteredDP):
+        # A plain algorithm (FedAvg, FedSAM, a user's own) ignores the privacy section: refused, not run in the clear.
+        distributed_refusal = PLAIN_REFUSAL
     rules = StrategyRules(
         settings_class=cls.settings_class,
         samplings=cls.samplings,
         audit_refusal=cls.audit_refusal,
         adaptive_clipping_refusal=cls.adaptive_clipping_refusal,
         client_placement_refusal=cls.client_placement_refusal,
-        distributed_placement_refusal=cls.distributed_placement_refusal,
+        distributed_placement_refusal=distributed_refusal,
     )
     register_strategy_rules(name, rules)
     return cls

@@ -39,7 +39,11 @@ def test_the_threshold(threshold: int | float | None, m: float, expected: int) -
         (["privacy.distributed.bits=40"], "privacy.distributed.bits"),
         (["privacy.distributed.threshold=1"], "privacy.distributed.threshold"),
         (["privacy.distributed.neighbours=1"], "privacy.distributed.neighbours"),
-        (["privacy.distributed.neighbours=4"], "privacy.distributed.threshold"),  # t = 26 of m = 50 needs more
+        (["privacy.distributed.neighbours=4"], "privacy.distributed.neighbours"),  # t = 26 of m = 50 needs more
+        (["privacy.distributed.neighbours=4", "privacy.distributed.threshold=6"], "privacy.distributed.threshold"),
+        (["privacy.distributed.threshold=600"], "privacy.distributed.threshold"),  # M = 500
+        (["strategy=fedavg"], "privacy.placement"),
+        (["strategy=fedsam"], "privacy.placement"),
         (["privacy.distributed.rounding_beta=1.0"], "privacy.distributed.rounding_beta"),
         (["+privacy.distributed.modulus=7"], "privacy.distributed.modulus"),
         (["privacy.placement=server"], "privacy.distributed"),

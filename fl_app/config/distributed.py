@@ -72,9 +72,17 @@ def validate_distributed(
     settings = DistributedConfig(bits=int(bits), threshold=threshold, neighbours=neighbours,
                                  rounding_beta=float(beta), overflow_target=float(target))  # fmt: skip
     t = settings.resolved_threshold(float(privacy["sample_rate"]) * num_clients)
+    _require(t <= num_clients, f"{p}.threshold", threshold,
+             f"at most dataset.num_clients = {num_clients} (it resolves to t = {t}: no round could reach "
+             "it)")  # fmt: skip
     # A secret is rebuilt from t shares of one neighbourhood (the client and its neighbours).
-    _require(neighbours is None or t <= neighbours + 1, f"{p}.threshold", threshold,
-             f"at most neighbours + 1 = {(neighbours or 0) + 1} (the threshold resolves to t = {t})")  # fmt: skip
+    if threshold is None:
+        _require(neighbours is None or t <= neighbours + 1, f"{p}.neighbours", neighbours,
+                 f"at least t - 1 = {t - 1} (the default threshold floor(m/2) + 1 = {t}), or a threshold of at "
+                 "most neighbours + 1")  # fmt: skip
+    else:
+        _require(neighbours is None or t <= neighbours + 1, f"{p}.threshold", threshold,
+                 f"at most neighbours + 1 = {(neighbours or 0) + 1} (it resolves to t = {t})")  # fmt: skip
     return settings
 
 
