@@ -90,15 +90,11 @@ def _encoded_update(msg: Message, request: Any, participant: int) -> np.ndarray:
         flat = np.concatenate([np.asarray(t, dtype=np.float64).reshape(-1) for t in result.total])
     else:  # nothing usable: zeros, and the share of the noise all the same
         flat = np.zeros(sum(int(np.prod(p.shape)) for p in parameters), dtype=np.float64)
-    parameters_ = SkellamParameters(**{k: _number(request[k]) for k in ENCODING_KEYS})  # type: ignore[arg-type]
-    codec = SkellamCodec(parameters_, int(request[ROTATION_SEED]))
+    encoding = SkellamParameters(**{key: request[key] for key in ENCODING_KEYS})
+    codec = SkellamCodec(encoding, int(request[ROTATION_SEED]))
     rng = (
         np.random.Generator(np.random.Philox(key=secrets.randbits(128)))
         if ins.seed is None
         else make_rng(ins.seed, ins.server_round, STREAM_DISTRIBUTED_SHARE, participant)
     )
     return codec.encode(flat, rng)
-
-
-def _number(value: Any) -> int | float:
-    return value if isinstance(value, (int, float)) else float(value)

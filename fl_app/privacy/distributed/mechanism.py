@@ -23,7 +23,7 @@ from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig
 from fl_app.privacy.accountants.skellam import SkellamAccountant, SkellamEvent
 from fl_app.privacy.distributed.skellam import SkellamParameters
 from fl_app.privacy.ledger import PrivacyLedger
-from fl_app.privacy.pipeline import ClientStep, GaussianNoise, Mechanism, NDArrays, ReleaseParameters, ServerStep
+from fl_app.privacy.pipeline import GaussianNoise, Mechanism, ReleaseParameters
 
 __all__ = ["DistributedLedger", "DistributedSkellamNoise", "skellam_event"]
 
@@ -35,16 +35,12 @@ def skellam_event(parameters: SkellamParameters, noise_multiplier: float, sample
 
 
 class DistributedSkellamNoise(Mechanism):
-    """The round's noise under distributed DP: the clients' Skellam shares (module docstring)."""
+    """The round's noise under distributed DP: the clients' Skellam shares (module docstring). Its client and
+    server steps are the base class's, which change nothing: a share is added to the integers after the encoding,
+    and the sum comes with its noise."""
 
     def __init__(self, parameters: SkellamParameters) -> None:
         self.parameters = parameters
-
-    def client_step(self, update: NDArrays, step: ClientStep) -> NDArrays:
-        return update  # the share is added to the integers, after the encoding
-
-    def server_step(self, average: NDArrays, step: ServerStep) -> NDArrays:
-        return average  # the sum came with its noise
 
     def privacy_event(self, release: ReleaseParameters) -> SkellamEvent:
         return skellam_event(self.parameters, release.noise_multiplier, release.sample_rate)
