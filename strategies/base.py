@@ -148,16 +148,16 @@ class FederatedStrategy(StrategyDeclarations, RoundLoop, Strategy):
         #: C_t, the clip norm of the coming round (client_dp/clipping.py): fixed, or adaptive clipping's.
         self.clipping: ClipNorm = clip_norm_for(privacy, self.expected_clients, may_adapt=self.privacy is not None)
         #: Where the round's noise is added (strategies/client_dp/placement.py); a recipe may read it (DP-FedSAM-topk).
-        self.placement: Placement = placement(privacy, self.num_clients, config.model.name, config.dataset.name)
+        self.placement: Placement = placement(config)
         #: What the run's releases spend and what run.json states of it (client_dp/account.py; None: plain).
         self.account: PrivacyAccount | None = None
         if self.privacy is not None:
-            # A mechanism of its own states its ledger and σ; else the subsampled Gaussian mechanism's (noise.py).
+            # A mechanism of its own (the strategy's, the placement's) states its ledger and σ; else noise.py's.
             ledger = (self.make_ledger()
                       or self.placement.ledger(privacy.delta, self.num_clients, self.privacy.accountant)
                       or self.privacy.ledger(privacy, self.num_clients))  # fmt: skip
-            sigmas = NoiseMultipliers.for_run(config, self.statistics, self.clipping,
-                                              self.calibrated_noise_multiplier())
+            own = self.calibrated_noise_multiplier() or self.placement.noise_multiplier
+            sigmas = NoiseMultipliers.for_run(config, self.statistics, self.clipping, own)
             self.noise_multiplier = sigmas.update
             self.account = PrivacyAccount.for_rounds(ledger, self.mechanisms, privacy, sigmas.update,
                                                      sigmas.accounted, self.clipping, self.expected_clients)

@@ -34,7 +34,6 @@ def test_the_threshold(threshold: int | float | None, m: float, expected: int) -
         (["privacy.clipping=adaptive"], "privacy.clipping"),
         (["privacy.client_statistics=raw"], "privacy.client_statistics"),
         (["privacy.accountant=prv"], "privacy.accountant"),
-        (["privacy.target_epsilon=2.0"], "privacy.target_epsilon"),
         (["simulation.cohort_size=5"], "simulation.cohort_size"),
         (["privacy.distributed.bits=40"], "privacy.distributed.bits"),
         (["privacy.distributed.threshold=1"], "privacy.distributed.threshold"),

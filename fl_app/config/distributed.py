@@ -97,8 +97,6 @@ def _check_privacy(privacy: Mapping[str, Any]) -> None:
              "values)")  # fmt: skip
     _require(privacy.get("accountant", "rdp") == "rdp", "privacy.accountant", privacy.get("accountant"),
              f"rdp {why} (the Skellam mechanism's bound is an RDP bound)")  # fmt: skip
-    _require(privacy.get("target_epsilon") is None, "privacy.target_epsilon", privacy.get("target_epsilon"),
-             f"null {why} (sigma is calibrated for the Gaussian mechanism; set noise_multiplier)")  # fmt: skip
 
 
 def _is_int(value: object) -> bool:

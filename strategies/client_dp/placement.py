@@ -19,14 +19,16 @@ Skellam mechanism's, against the released models' consumers and against the serv
 from __future__ import annotations
 
 from collections.abc import Sequence
+from logging import INFO
 
 import numpy as np
+from flwr.common.logger import log
 from scipy import stats
 
-from fl_app.config import DPConfig
+from fl_app.config import AppConfig, DPConfig
 from fl_app.models import build_model_for_dataset, weight_shapes
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.distributed.mechanism import DistributedLedger, DistributedSkellamNoise
+from fl_app.privacy.distributed.mechanism import DistributedLedger, DistributedSkellamNoise, calibrated_parameters
 from fl_app.privacy.distributed.skellam import SkellamParameters
 from fl_app.privacy.pipeline import Mechanism
 
@@ -44,6 +46,8 @@ class ServerPlacement:
 
     #: Whether the clients' updates leave them only through secure aggregation.
     secure_aggregation = False
+    #: σ where the placement's own mechanism fixes it (distributed DP's); None: the Gaussian mechanism's.
+    noise_multiplier: float | None = None
 
     def server_noise_std(self, noise_multiplier: float, clip_norm: float, m: float, contributing: int) -> float:
         return mech.gaussian_noise_std(noise_multiplier, clip_norm, m, "server")
@@ -62,6 +66,7 @@ class ClientPlacement:
 
     #: Whether the clients' updates leave them only through secure aggregation.
     secure_aggregation = False
+    noise_multiplier: float | None = None
 
     def server_noise_std(self, noise_multiplier: float, clip_norm: float, m: float, contributing: int) -> float:
         return mech.client_noise_topup_std(noise_multiplier, clip_norm, m, contributing)
@@ -87,8 +92,12 @@ class DistributedPlacement:
         self.neighbours = neighbours
 
     @classmethod
-    def for_run(cls, privacy: DPConfig, shapes: Sequence[tuple[int, ...]], num_clients: int) -> DistributedPlacement:
-        """The placement of a run with ``privacy`` (placement=distributed), a model of ``shapes`` and M clients."""
+    def for_run(
+        cls, privacy: DPConfig, shapes: Sequence[tuple[int, ...]], num_clients: int, num_rounds: int
+    ) -> DistributedPlacement:
+        """The placement of a run of ``num_rounds`` rounds with ``privacy`` (placement=distributed), a model of
+        ``shapes`` and M clients: σ is ``privacy.noise_multiplier``, or the one the Skellam bound calibrates to
+        ``privacy.target_epsilon``."""
         settings = privacy.distributed
         if settings is None:
             raise ValueError("privacy.placement=distributed needs the privacy.distributed settings")
@@ -105,7 +114,18 @@ class DistributedPlacement:
             beta=settings.rounding_beta,
             overflow_target=settings.overflow_target,
         )
+        if privacy.target_epsilon is not None:
+            parameters = calibrated_parameters(parameters, privacy.target_epsilon, privacy.delta,
+                                               privacy.sample_rate, num_rounds, num_clients)  # fmt: skip
+            log(INFO, "Calibrated noise multiplier sigma=%.4f for target epsilon=%.3f (delta=%.3g, q=%.4g, T=%d, "
+                "distributed Skellam)", parameters.noise_multiplier, privacy.target_epsilon, privacy.delta,
+                privacy.sample_rate, num_rounds)  # fmt: skip
         return cls(parameters, settings.neighbours)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ of the sum's Skellam noise over its integer sensitivity (configured or calibrated)."""
+        return self.parameters.noise_multiplier
 
     def server_noise_std(self, noise_multiplier: float, clip_norm: float, m: float, contributing: int) -> float:
         return 0.0
@@ -124,12 +144,13 @@ class DistributedPlacement:
 Placement = ServerPlacement | ClientPlacement | DistributedPlacement
 
 
-def placement(privacy: DPConfig, num_clients: int, model: str = "", dataset: str = "") -> Placement:
-    """The placement ``privacy.placement`` names (server | client | distributed); distributed DP's encoding
-    is for the weights of ``model`` on ``dataset``."""
+def placement(config: AppConfig) -> Placement:
+    """The placement ``privacy.placement`` names (server | client | distributed); distributed DP's encoding is for
+    the weights of the run's model, its σ for the run's clients and rounds."""
+    privacy = config.privacy
     if privacy.placement == "client":
         return ClientPlacement()
     if privacy.placement == "distributed":
-        shapes = weight_shapes(build_model_for_dataset(model, dataset, seed=0))
-        return DistributedPlacement.for_run(privacy, shapes, num_clients)
+        shapes = weight_shapes(build_model_for_dataset(config.model.name, config.dataset.name, seed=0))
+        return DistributedPlacement.for_run(privacy, shapes, config.dataset.num_clients, config.num_rounds)
     return ServerPlacement()

@@ -93,6 +93,16 @@ def test_a_resume_restores_both_ledgers_and_continues(two_rounds: tuple) -> None
     assert resumed.dp_guarantee()["rounds_accounted"] == 3 and resumed.epsilon() > strategy.epsilon()
 
 
+def test_a_target_epsilon_calibrates_sigma_on_the_skellam_bound_and_the_claim_states_it() -> None:
+    strategy = build(*DISTRIBUTED, "privacy.target_epsilon=3.0", "num_rounds=4")
+    parameters = strategy.placement.parameters
+    assert strategy.noise_multiplier == parameters.noise_multiplier != strategy.config.privacy.noise_multiplier
+    assert 3.0 * 0.995 <= strategy.account.ledger.projected_epsilon(strategy.noise_multiplier, 0.5, 4) <= 3.0
+    stated = strategy.dp_guarantee()["distributed"]
+    assert stated["noise_multiplier"] == parameters.noise_multiplier
+    assert stated["effective_noise_multiplier"] >= parameters.noise_multiplier
+
+
 def test_the_released_model_is_the_clipped_sum_plus_the_clients_noise() -> None:
     """At a tiny σ the distributed round releases what the server-placement round releases from the same clients
     (the same seeded training), up to the noise (norm about σC√d in both) and the rounding."""

@@ -1,5 +1,6 @@
 """ε of one (σ, q, steps) setting (:func:`compute_epsilon`) and its inverse in σ: the noise multiplier that meets a
-target ε (:func:`calibrate_noise_multiplier`, used for journal Table II).
+target ε (:func:`calibrate_noise_multiplier`, used for journal Table II); :func:`calibrate` is the search itself, for
+any mechanism whose ε falls with σ (distributed DP's Skellam mechanism calibrates by it).
 """
 
 from __future__ import annotations
@@ -88,8 +89,19 @@ def calibrate_noise_multiplier(
     def epsilon(sigma: float) -> float:
         return compute_epsilon(sigma, sample_rate, steps, delta, accountant, sampling, population)
 
+    return calibrate(epsilon, target_epsilon, rel_tol, f"at δ = {delta}", f"(q = {sample_rate}, T = {steps})")
+
+
+def calibrate(
+    epsilon: Callable[[float], float], target_epsilon: float, rel_tol: float = 0.005, at: str = "", run: str = ""
+) -> float:
+    """σ with target·(1 − rel_tol) ≤ ``epsilon``(σ) ≤ target, for any ε(σ) decreasing in σ (a mechanism's ε after
+    the run's rounds); ``at`` and ``run`` describe the setting in the errors of a target no σ meets or every σ
+    meets."""
+    if not (target_epsilon > 0 and math.isfinite(target_epsilon)):
+        raise ValueError(f"target_epsilon must be a positive finite number, got {target_epsilon}")
     lower_target = target_epsilon * (1.0 - rel_tol)
-    low, high = _bracket(epsilon, target_epsilon, f"at δ = {delta}", f"(q = {sample_rate}, T = {steps})")
+    low, high = _bracket(epsilon, target_epsilon, at, run)
     # Invariant: ε(low) > target ≥ ε(high).
     eps_low, eps_high = epsilon(low), epsilon(high)
     if eps_high >= lower_target:

@@ -15,17 +15,19 @@ draws the sample, so no amplification: every round a client could take part in c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
 
+from fl_app.privacy.accountants.calibration import calibrate
 from fl_app.privacy.accountants.skellam import SkellamAccountant, SkellamEvent
 from fl_app.privacy.distributed.skellam import SkellamParameters
 from fl_app.privacy.ledger import PrivacyLedger
 from fl_app.privacy.pipeline import GaussianNoise, Mechanism, ReleaseParameters
 
-__all__ = ["DistributedLedger", "DistributedSkellamNoise", "skellam_event"]
+__all__ = ["DistributedLedger", "DistributedSkellamNoise", "calibrated_parameters", "skellam_event"]
 
 
 def skellam_event(parameters: SkellamParameters, noise_multiplier: float, sample_rate: float) -> SkellamEvent:
@@ -116,6 +118,8 @@ class DistributedLedger(PrivacyLedger):
                 "mechanism": "distributed Skellam over SecAgg+",
                 "bits": p.bits,
                 "scale": p.scale,
+                "noise_multiplier": p.noise_multiplier,
+                "effective_noise_multiplier": p.effective_noise_multiplier,
                 "padded_dimension": p.padded,
                 "l2_sensitivity": p.l2_sensitivity,
                 "l1_sensitivity": p.l1_sensitivity,
@@ -130,6 +134,32 @@ class DistributedLedger(PrivacyLedger):
                 },
             },
         }
+
+
+def calibrated_parameters(
+    parameters: SkellamParameters,
+    target_epsilon: float,
+    delta: float,
+    sample_rate: float,
+    rounds: int,
+    population: int,
+) -> SkellamParameters:
+    """``parameters`` at the smallest σ (to 0.5%, on the budget side) whose ε at δ against the released models'
+    consumers after ``rounds`` rounds at rate q over M = ``population`` is at most ``target_epsilon``: the ε a run's
+    budget guards, as the ledger composes it. The scale moves with σ (more noise leaves less room below the
+    modulus, so a smaller scale and a rounding that weighs more), which is why σ is searched here on the Skellam
+    bound itself and not taken from the Gaussian mechanism's calibration."""
+
+    def at(sigma: float) -> SkellamParameters:
+        return dataclasses.replace(parameters, noise_multiplier=sigma)
+
+    def epsilon(sigma: float) -> float:
+        return DistributedLedger(delta, population, at(sigma)).projected_epsilon(sigma, sample_rate, rounds)
+
+    if rounds < 1 or not 0 < sample_rate <= 1:
+        raise ValueError(f"calibration needs rounds >= 1 and q in (0, 1], got {rounds} and {sample_rate}")
+    run = f"(distributed Skellam, q = {sample_rate}, T = {rounds})"
+    return at(calibrate(epsilon, target_epsilon, at=f"at δ = {delta} {run}", run=run))
 
 
 def _config(delta: float, population: int, method: SamplingMethod) -> PrivacyConfig:

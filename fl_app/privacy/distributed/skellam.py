@@ -136,6 +136,12 @@ class SkellamParameters:
         return (self.noise_multiplier * self.l2_sensitivity) ** 2
 
     @property
+    def effective_noise_multiplier(self) -> float:
+        """The decoded sum's noise std in units of C, σ·Δ2/(s·C): the number to set beside central DP's σ (the
+        rounding's norm inflation makes it exceed σ, the more so the fewer the bits)."""
+        return self.noise_multiplier * self.l2_sensitivity / (self.scale * self.clip_norm)
+
+    @property
     def client_variance(self) -> float:
         """Each client's share, ``v / n_min``."""
         return self.variance / self.min_clients
