@@ -28,7 +28,8 @@ class DistributedConfig:
     bits: int = 32
     #: t: the fewest clients whose masked vectors a round needs (fewer: the round is aborted, nothing released);
     #: each client adds the Skellam noise of 1/t of the sum's, so any t survivors carry all of it. An int, or a
-    #: fraction of m = qM in (0, 1]; None = ⌊m/2⌋ + 1.
+    #: fraction of m = qM in (0, 1]; None = the largest t ≤ ⌊m/2⌋ + 1 whose aborts (a sample below t, which the
+    #: models' consumers can see) add at most δ/10 to their guarantee (strategies/client_dp/placement.py).
     threshold: int | float | None = None
     #: Each client's neighbours in the masking graph (SecAgg+'s random Harary graph); None = every other client
     #: (SecAgg's complete graph).
@@ -39,7 +40,8 @@ class DistributedConfig:
     overflow_target: float = 1e-9
 
     def resolved_threshold(self, expected_clients: float) -> int:
-        """t for a round of m = ``expected_clients`` clients on average."""
+        """t for a round of m = ``expected_clients`` clients on average; unset, the ceiling ⌊m/2⌋ + 1 (the
+        placement lowers it until the aborts cost little: ``distributed.mechanism.default_threshold``)."""
         if self.threshold is None:
             return max(2, math.floor(expected_clients / 2) + 1)
         if isinstance(self.threshold, float):

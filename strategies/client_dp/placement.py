@@ -19,7 +19,7 @@ Skellam mechanism's, against the released models' consumers and against the serv
 from __future__ import annotations
 
 from collections.abc import Sequence
-from logging import INFO
+from logging import INFO, WARNING
 
 import numpy as np
 from flwr.common.logger import log
@@ -28,7 +28,12 @@ from scipy import stats
 from fl_app.config import AppConfig, DPConfig
 from fl_app.models import build_model_for_dataset, weight_shapes
 from fl_app.privacy import mechanisms as mech
-from fl_app.privacy.distributed.mechanism import DistributedLedger, DistributedSkellamNoise, calibrated_parameters
+from fl_app.privacy.distributed.mechanism import (
+    DistributedLedger,
+    DistributedSkellamNoise,
+    calibrated_parameters,
+    default_threshold,
+)
 from fl_app.privacy.distributed.skellam import SkellamParameters
 from fl_app.privacy.pipeline import Mechanism
 
@@ -101,25 +106,20 @@ class DistributedPlacement:
         settings = privacy.distributed
         if settings is None:
             raise ValueError("privacy.placement=distributed needs the privacy.distributed settings")
-        expected = privacy.sample_rate * num_clients
-        threshold = settings.resolved_threshold(expected)
-        largest = int(stats.binom.ppf(1.0 - SAMPLE_SIZE_TAIL, num_clients, privacy.sample_rate))
-        parameters = SkellamParameters(
-            clip_norm=privacy.clip_norm,
-            dimension=int(sum(int(np.prod(shape, dtype=np.int64)) for shape in shapes)),
-            min_clients=threshold,
-            max_clients=max(threshold, largest),
-            noise_multiplier=privacy.noise_multiplier,
-            bits=settings.bits,
-            beta=settings.rounding_beta,
-            overflow_target=settings.overflow_target,
-        )
+        q, delta = privacy.sample_rate, privacy.delta
+        ceiling = settings.resolved_threshold(q * num_clients)
+        parameters = _parameters(privacy, shapes, num_clients, num_rounds, ceiling)
+        if settings.threshold is None:  # the largest t whose visible aborts cost the models' guarantee little
+            epsilon = DistributedLedger(delta, num_clients, parameters).projected_epsilon(
+                parameters.noise_multiplier, q, num_rounds)  # fmt: skip
+            threshold = default_threshold(ceiling, epsilon, delta, num_clients, q, num_rounds)
+            if threshold != ceiling:
+                parameters = _parameters(privacy, shapes, num_clients, num_rounds, threshold)
         if privacy.target_epsilon is not None:
-            parameters = calibrated_parameters(parameters, privacy.target_epsilon, privacy.delta,
-                                               privacy.sample_rate, num_rounds, num_clients)  # fmt: skip
             log(INFO, "Calibrated noise multiplier sigma=%.4f for target epsilon=%.3f (delta=%.3g, q=%.4g, T=%d, "
-                "distributed Skellam)", parameters.noise_multiplier, privacy.target_epsilon, privacy.delta,
-                privacy.sample_rate, num_rounds)  # fmt: skip
+                "distributed Skellam)", parameters.noise_multiplier, privacy.target_epsilon, delta, q,
+                num_rounds)  # fmt: skip
+        _warn_of_aborts(DistributedLedger(delta, num_clients, parameters), q, num_rounds)
         return cls(parameters, settings.neighbours)
 
     @property
@@ -139,6 +139,44 @@ class DistributedPlacement:
         if accountant is not None:
             raise ValueError("distributed DP accounts with its own Skellam accountants; pass no accountant")
         return DistributedLedger(delta, population, self.parameters)
+
+
+def _parameters(
+    privacy: DPConfig, shapes: Sequence[tuple[int, ...]], num_clients: int, num_rounds: int, threshold: int
+) -> SkellamParameters:
+    """The encoding of a run at threshold t: σ configured or calibrated to ``privacy.target_epsilon``."""
+    settings = privacy.distributed
+    assert settings is not None
+    largest = int(stats.binom.ppf(1.0 - SAMPLE_SIZE_TAIL, num_clients, privacy.sample_rate))
+    parameters = SkellamParameters(
+        clip_norm=privacy.clip_norm,
+        dimension=int(sum(int(np.prod(shape, dtype=np.int64)) for shape in shapes)),
+        min_clients=threshold,
+        max_clients=max(threshold, largest),
+        noise_multiplier=privacy.noise_multiplier,
+        bits=settings.bits,
+        beta=settings.rounding_beta,
+        overflow_target=settings.overflow_target,
+    )
+    if privacy.target_epsilon is None:
+        return parameters
+    return calibrated_parameters(parameters, privacy.target_epsilon, privacy.delta, privacy.sample_rate,
+                                 num_rounds, num_clients)  # fmt: skip
+
+
+def _warn_of_aborts(ledger: DistributedLedger, sample_rate: float, rounds: int) -> None:
+    """A warning when the chance of a sample below t over the run's rounds adds more than δ to the models'
+    guarantee (fl_app/privacy/distributed/mechanism.py)."""
+    added = ledger.abort_delta(rounds, sample_rate)
+    if added > ledger.delta:
+        t, population = ledger.parameters.min_clients, ledger.population
+        remedy = "sample more clients a round (dataset.num_clients, privacy.sample_rate)"
+        if t > 2:
+            remedy = f"lower privacy.distributed.threshold (t = {t}) or {remedy}"
+        log(WARNING, "Distributed DP: a round's sample has fewer than t = %d clients with probability %.3g "
+            "(M = %d, q = %.4g) and is then visibly aborted, which adds %.3g to delta = %.3g over %d rounds: the "
+            "released models' guarantee is weak; %s", t, ledger.abort_probability(sample_rate), population,
+            sample_rate, added, ledger.delta, rounds, remedy)  # fmt: skip
 
 
 Placement = ServerPlacement | ClientPlacement | DistributedPlacement

@@ -103,6 +103,13 @@ def test_a_target_epsilon_calibrates_sigma_on_the_skellam_bound_and_the_claim_st
     assert stated["effective_noise_multiplier"] >= parameters.noise_multiplier
 
 
+@pytest.mark.parametrize(("overrides", "threshold"), [((), 20), (("+scale=cpu",), 2)])
+def test_the_default_threshold_is_the_largest_whose_visible_aborts_add_a_tenth_of_delta(overrides, threshold) -> None:
+    # M = 500, q = 0.1, T = 20, ε = 4 (tests/privacy/distributed/test_mechanism.py); the cpu scale's m = 10: none.
+    strategy = build("privacy=distributed", "privacy.client_statistics=none", "privacy.target_epsilon=4", *overrides)
+    assert strategy.placement.parameters.min_clients == threshold
+
+
 def test_the_released_model_is_the_clipped_sum_plus_the_clients_noise() -> None:
     """At a tiny σ the distributed round releases what the server-placement round releases from the same clients
     (the same seeded training), up to the noise (norm about σC√d in both) and the rounding."""

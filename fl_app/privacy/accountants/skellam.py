@@ -139,6 +139,11 @@ class SkellamAccountant(PrivacyAccountant):
     def num_releases(self) -> int:
         return sum(count for _, count in self._compositions)
 
+    @property
+    def compositions(self) -> tuple[tuple[SkellamEvent, int], ...]:
+        """The releases composed so far, as (event, count) runs."""
+        return tuple(self._compositions)
+
     def compose(self, event: SkellamEvent, count: int = 1) -> None:  # type: ignore[override]
         count = _checked(event, count)
         if self._compositions and self._compositions[-1][0] == event:

@@ -10,16 +10,26 @@ a client that drops out takes nothing from it — at the integer sensitivities o
 
 :class:`DistributedLedger` composes those events against both adversaries (``fl_app.privacy.accountants.skellam``):
 the released models' consumers (the ε a budget guards, amplified by the secret Poisson sample) and the server (it
-draws the sample, so no amplification: every round a client could take part in costs it in full).
+draws the sample, so no amplification: every round a client could take part in costs it in full; and since it sees
+who takes part, what it is denied is the content of one client's update: zero-out adjacency, sensitivity C).
+
+A round whose Poisson sample has fewer than t clients is aborted and the model does not move, which whoever sees the
+models can tell: an event that depends on the secret sample and that the Skellam bound (for a mechanism that always
+releases) does not cover. The ledger bounds it by coupling (a mechanism equal to the accounted one except on an
+event of probability η is (ε, δ + (1 + e^ε)·η)-DP): η = Σ_rounds P(Bin(M − 1, q) ≤ t − 1), the largest chance of
+such a sample over a dataset and its neighbours, added to δ in the consumers' statement (``abort_delta``). An abort
+because too many sampled clients dropped out is not in η (dropouts are assumed independent of the clients' data).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any
 
 from flwr.supercore.privacy_accounting import NeighboringRelation, PrivacyConfig, SamplingMethod
+from scipy import stats
 
 from fl_app.privacy.accountants.calibration import calibrate
 from fl_app.privacy.accountants.skellam import SkellamAccountant, SkellamEvent
@@ -27,7 +37,15 @@ from fl_app.privacy.distributed.skellam import SkellamParameters
 from fl_app.privacy.ledger import PrivacyLedger
 from fl_app.privacy.pipeline import GaussianNoise, Mechanism, ReleaseParameters
 
-__all__ = ["DistributedLedger", "DistributedSkellamNoise", "calibrated_parameters", "skellam_event"]
+__all__ = [
+    "ABORT_SHARE_OF_DELTA",
+    "DistributedLedger",
+    "DistributedSkellamNoise",
+    "calibrated_parameters",
+    "default_threshold",
+    "sample_below_probability",
+    "skellam_event",
+]
 
 
 def skellam_event(parameters: SkellamParameters, noise_multiplier: float, sample_rate: float) -> SkellamEvent:
@@ -62,6 +80,7 @@ class DistributedLedger(PrivacyLedger):
     def __init__(self, delta: float, population: int, parameters: SkellamParameters) -> None:
         super().__init__(delta)
         self.parameters = parameters
+        self.population = population
         self.accountant = SkellamAccountant(_config(delta, population, SamplingMethod.POISSON))
         self.server_accountant = SkellamAccountant(_config(delta, population, SamplingMethod.NO_AMPLIFICATION))
 
@@ -86,6 +105,20 @@ class DistributedLedger(PrivacyLedger):
         """ε at δ against the server."""
         return self.server_accountant.get_epsilon(self.delta)
 
+    def abort_probability(self, sample_rate: float) -> float:
+        """:func:`sample_below_probability` of the run's t, M and ``sample_rate``."""
+        return sample_below_probability(self.parameters.min_clients, self.population, sample_rate)
+
+    def abort_delta(self, extra_rounds: int = 0, sample_rate: float = 0.0) -> float:
+        """What the aborts of samples below t add to δ against the models' consumers after the rounds composed (and
+        ``extra_rounds`` more at ``sample_rate``): (1 + e^ε)·η (module docstring), at most 1."""
+        mass = sum(count * self.abort_probability(event.sample_rate) for event, count in self.accountant.compositions)
+        mass += extra_rounds * self.abort_probability(sample_rate) if extra_rounds else 0.0
+        if mass <= 0.0:
+            return 0.0
+        epsilon = self.projected_epsilon(self.parameters.noise_multiplier, sample_rate, extra_rounds)
+        return 1.0 if epsilon > 700 or mass >= 1.0 else min(1.0, (1.0 + math.exp(epsilon)) * mass)
+
     def projected_epsilon(self, noise_multiplier: float, sample_rate: float, rounds: int = 1) -> float:
         if not rounds:
             return self.epsilon()
@@ -99,17 +132,19 @@ class DistributedLedger(PrivacyLedger):
         self.server_accountant.load_state_dict(state["server"])
 
     def claim(self) -> dict[str, Any]:
-        epsilon, server = self.epsilon(), self.server_epsilon()
+        epsilon, server, aborts = self.epsilon(), self.server_epsilon(), self.abort_delta()
         p = self.parameters
         return {
             "statement": (
-                f"client-level ({epsilon:.4g}, {self.delta:.3g})-DP against whoever sees the released models; "
-                f"({server:.4g}, {self.delta:.3g})-DP against the server, which sees each round's sample and the "
-                "sum of its clients' noisy updates, never one client's"
+                f"client-level ({epsilon:.4g}, {self.delta + aborts:.3g})-DP against whoever sees the released "
+                f"models (delta includes {aborts:.3g} for the chance that a round's sample has fewer than "
+                f"t = {p.min_clients} clients and is visibly aborted); ({server:.4g}, {self.delta:.3g})-DP against the "
+                "server for the content of one client's update (it sees who takes part, each round's sample, and "
+                "the sum of its clients' noisy updates, never one client's)"
             ),
             "accountant": "rdp (distributed Skellam mechanism)",
             "sampling_event": "poisson (amplifies against the models' consumers only)",
-            "neighbouring": "add/remove one client",
+            "neighbouring": "add/remove one client (the models' consumers); zero-out one client's update (the server)",
             "epsilon": epsilon,
             "delta": self.delta,
             "server_epsilon": server,
@@ -127,6 +162,10 @@ class DistributedLedger(PrivacyLedger):
                 "max_clients": p.max_clients,
                 "overflow_probability": p.overflow,
                 "rounding_beta": p.beta,
+                "abort_probability": max(
+                    (self.abort_probability(e.sample_rate) for e, _ in self.accountant.compositions), default=0.0
+                ),
+                "abort_delta": aborts,
                 "adversaries": {
                     "models": "sees the released models; the Poisson sample is secret from it (amplified)",
                     "server": "honest-but-curious: runs secure aggregation as specified, sees the sample and the "
@@ -134,6 +173,30 @@ class DistributedLedger(PrivacyLedger):
                 },
             },
         }
+
+
+def sample_below_probability(threshold: int, population: int, sample_rate: float) -> float:
+    """The chance that a round's Poisson sample at rate q has fewer than t = ``threshold`` clients, for a dataset of
+    M = ``population`` clients or a neighbour of it (the one with a client fewer, M − 1 candidates, is the likelier):
+    such a round is aborted, visibly (module docstring)."""
+    return float(stats.binom.cdf(threshold - 1, population - 1, sample_rate))
+
+
+#: The share of δ the default threshold lets the aborts of samples below t add to the models' guarantee.
+ABORT_SHARE_OF_DELTA = 0.1
+
+
+def default_threshold(
+    ceiling: int, epsilon: float, delta: float, population: int, sample_rate: float, rounds: int
+) -> int:
+    """The largest t ≤ ``ceiling`` (secure aggregation's ⌊m/2⌋ + 1) whose aborts over ``rounds`` rounds add at most
+    :data:`ABORT_SHARE_OF_DELTA` · δ to a guarantee of ε = ``epsilon`` ((1 + e^ε)·T·P(sample < t), module
+    docstring); 2 when none does (the run then warns that the models' guarantee is weak)."""
+    allowed = ABORT_SHARE_OF_DELTA * delta / (1.0 + math.exp(min(epsilon, 700.0))) / rounds
+    for threshold in range(ceiling, 2, -1):
+        if sample_below_probability(threshold, population, sample_rate) <= allowed:
+            return threshold
+    return 2
 
 
 def calibrated_parameters(

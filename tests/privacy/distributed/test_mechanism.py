@@ -6,6 +6,7 @@ mechanism's exact analysis; fewer bits cost noise through the rounding's norm in
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -14,7 +15,13 @@ from opacus.accountants.analysis.rdp import get_privacy_spent
 from fl_app.privacy.accountants import calibrate_noise_multiplier
 from fl_app.privacy.accountants.calibration import calibrate
 from fl_app.privacy.accountants.skellam import SKELLAM_ORDERS, poisson_subsampled_rdp
-from fl_app.privacy.distributed.mechanism import DistributedLedger, calibrated_parameters
+from fl_app.privacy.distributed.mechanism import (
+    ABORT_SHARE_OF_DELTA,
+    DistributedLedger,
+    calibrated_parameters,
+    default_threshold,
+    sample_below_probability,
+)
 from fl_app.privacy.distributed.skellam import SkellamParameters
 
 M, Q, T = 500, 0.1, 20
@@ -68,3 +75,28 @@ def test_an_unreachable_target_and_a_run_of_no_rounds_are_refused() -> None:
         calibrated_parameters(_parameters(), 1e9, DELTA, Q, T, M)
     with pytest.raises(ValueError, match="rounds >= 1"):
         calibrated_parameters(_parameters(), 2.0, DELTA, Q, 0, M)
+
+
+def test_a_sample_below_t_is_as_likely_as_the_binomial_tail_of_the_neighbour_with_a_client_fewer() -> None:
+    # P(Bin(99, 0.1) <= t - 1) for M = 100: the cpu scale's m = 10.
+    assert sample_below_probability(6, 100, 0.1) == pytest.approx(0.0611516, rel=1e-5)
+    assert sample_below_probability(2, 100, 0.1) == pytest.approx(0.9**99 + 99 * 0.1 * 0.9**98, rel=1e-12)
+
+
+def test_the_aborts_add_one_plus_e_to_the_epsilon_times_their_chance_to_delta() -> None:
+    ledger = DistributedLedger(DELTA, M, _parameters())
+    ledger.step(1.0, Q, T)
+    p = sample_below_probability(26, M, Q)
+    assert ledger.abort_delta() == pytest.approx((1 + math.exp(ledger.epsilon())) * T * p, rel=1e-12)
+    claim = ledger.claim()
+    assert f"{DELTA + ledger.abort_delta():.3g})-DP against whoever sees the released models" in claim["statement"]
+    assert claim["distributed"]["abort_probability"] == p and claim["distributed"]["abort_delta"] > 0
+
+
+@pytest.mark.parametrize(("epsilon", "threshold"), [(1.0, 22), (2.0, 21), (4.0, 20), (8.0, 16)])
+def test_the_default_threshold_is_the_largest_whose_aborts_add_a_tenth_of_delta(epsilon: float, threshold: int) -> None:
+    assert default_threshold(26, epsilon, DELTA, M, Q, T) == threshold
+    for t, within in ((threshold, True), (threshold + 1, False)):
+        added = (1 + math.exp(epsilon)) * T * sample_below_probability(t, M, Q)
+        assert (added <= ABORT_SHARE_OF_DELTA * DELTA) is within
+    assert default_threshold(6, 4.0, 0.01, 100, 0.1, 12) == 2  # m = 10: no t meets it; the run warns
