@@ -8,11 +8,11 @@ on M = 2m clients at q = 0.5 (a Poisson sample of about m a round) with server p
 (``simulation.cohort_size=1``, the cohorts of central DP's default would be a different engine path), 60 images per
 client and one local epoch. Each round's ``clients_phase_s`` (from the round's start to the last reply: four
 exchanges under secure aggregation, one otherwise) and ``aggregate_s`` (the unmasking and decoding, or the noisy
-average) come from the runs' ``metrics.jsonl``, the sample sizes from ``operator_counts.jsonl``; ``round_s`` is their
-sum (the round without the evaluation, which is the same in both). The medians over rounds 2..T (round 1 starts
-Ray's workers) are reported, with the ratio of ``round_s``. On this machine's 2 cores the clients' work is serialised,
-so the distributed clients' part grows with m; in a deployment each client's stages run on its own machine
-(``bench.secure_sum`` gives the per-client and server compute of a round without training).
+average) come from the runs' ``metrics.jsonl``, the sample sizes from it or from ``operator_counts.jsonl``;
+``round_s`` is their sum (the round without the evaluation, which is the same in both). The medians over rounds
+2..T (round 1 starts Ray's workers) are reported, with the ratio of ``round_s``. On this machine's 2 cores the
+clients' work is serialised, so the distributed clients' part grows with m; in a deployment each client's stages
+run on its own machine (``bench.secure_sum`` gives the per-client and server compute of a round without training).
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def run_one(clients: int, rounds: int, placement: str, timeout: float = 1800) ->
         if proc.returncode != 0:
             raise RuntimeError(f"{placement} run at m = {clients} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
         metrics = _lines(out / "metrics.jsonl")
-        counts = _lines(out / "operator_counts.jsonl")
-        return summarise(metrics, counts)
+        # The counts are in metrics.jsonl where the run publishes client statistics, else in the operator's file.
+        counts_file = out / "operator_counts.jsonl"
+        return summarise(metrics, _lines(counts_file) if counts_file.exists() else metrics)
 
 
 def _lines(path: Path) -> list[dict[str, Any]]:
