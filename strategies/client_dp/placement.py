@@ -13,7 +13,9 @@ accounts (:func:`fl_app.privacy.mechanisms.gaussian_noise_std`):
 A third placement has a noise of its own: :class:`DistributedPlacement` (distributed DP, docs/mechanisms.md): each
 client adds a share of Skellam noise to its integer-encoded update and secure aggregation gives the server only the
 sum (strategies/secure_sum.py); the server adds nothing, clips nothing it cannot see, and its ledger is the distributed
-Skellam mechanism's, against the released models' consumers and against the server itself.
+Skellam mechanism's, against the released models' consumers and against the server itself. Its σ is configured or
+calibrated on the Skellam bound; its threshold t, unset, is the largest that keeps the visible aborts of samples
+below t within δ/10 of the models' guarantee (fl_app/privacy/distributed/mechanism.py).
 """
 
 from __future__ import annotations

@@ -43,8 +43,9 @@ def assert_distributed_run(out: Path, population: int, rounds: int, context: str
     epsilon, server_epsilon = expected_epsilons(meta, population, rounds)
     assert meta["epsilon"] == pytest.approx(epsilon, rel=1e-9)
     assert meta["server_epsilon"] == pytest.approx(server_epsilon, rel=1e-9)
-    if meta["sample_rate"] == 1.0:  # every client every round: nothing amplifies against anyone
+    if meta["sample_rate"] == 1.0:  # every client every round: nothing amplifies against anyone, no sample is short
         assert meta["epsilon"] == meta["server_epsilon"]
+        assert meta["distributed"]["abort_probability"] == meta["distributed"]["abort_delta"] == 0.0
     # What the server wrote: model-sized arrays are released models only (every digest is in the release log).
     released = {json.loads(line)["digest"] for line in (out / "releases.jsonl").read_text().splitlines()}
     final = np.load(out / "final_model.npz")
