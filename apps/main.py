@@ -252,6 +252,8 @@ def _error_chain(exc: BaseException) -> str:
 def main(cfg: DictConfig) -> float:
     # Before Ray and Flower start their threads in this process (fl_app/allocator.py).
     limit_malloc_arenas()
+    # Hydra's root handler would print every Flower log line a second time, from the config checks' on.
+    logging.getLogger("flwr").propagate = False
     # The strategies register their names, which the config is validated by (imported here, not at the top: a
     # misspelt key on the command line is refused before this import's seconds).
     import strategies.registry  # noqa: F401

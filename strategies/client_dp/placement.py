@@ -175,10 +175,12 @@ def _warn_of_aborts(ledger: DistributedLedger, sample_rate: float, rounds: int) 
         remedy = "sample more clients a round (dataset.num_clients, privacy.sample_rate)"
         if t > 2:
             remedy = f"lower privacy.distributed.threshold (t = {t}) or {remedy}"
-        log(WARNING, "Distributed DP: a round's sample has fewer than t = %d clients with probability %.3g "
-            "(M = %d, q = %.4g) and is then visibly aborted, which adds %.3g to delta = %.3g over %d rounds: the "
-            "released models' guarantee is weak; %s", t, ledger.abort_probability(sample_rate), population,
-            sample_rate, added, ledger.delta, rounds, remedy)  # fmt: skip
+        weak = "none (delta >= 1)" if ledger.delta + added >= 1 else "weak"
+        log(WARNING, "Distributed DP: a round's sample has fewer than t = %d clients with probability up to %.3g "
+            "(M = %d or a neighbouring dataset's M - 1 clients, q = %.4g) and is then visibly aborted; over %d "
+            "rounds that raises the released models' delta from %.3g to %.3g: their guarantee is %s; %s", t,
+            ledger.abort_probability(sample_rate), population, sample_rate, rounds, ledger.delta,
+            min(1.0, ledger.delta + added), weak, remedy)  # fmt: skip
 
 
 Placement = ServerPlacement | ClientPlacement | DistributedPlacement

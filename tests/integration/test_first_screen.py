@@ -20,6 +20,8 @@ FLOWER_LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*")
 #: ``logging.basicConfig``'s format as Opacus sets it (``11/27/2026 23:18:12:DEBUG:message``), or the default one
 #: (``DEBUG:flwr:message``): a root handler beside Flower's own, which prints every Flower record a second time.
 ROOT_HANDLER = re.compile(r"^(\d\d/\d\d/\d{4} \d\d:\d\d:\d\d:)?(DEBUG|INFO|WARNING|ERROR|CRITICAL):")
+#: Hydra's job-logging format (``[2026-11-29 05:44:43,059][flwr][WARNING] - message``): its root handler.
+HYDRA_HANDLER = re.compile(r"^\[[\d-]+ [\d:]+,\d+\]\[[\w.]+\]\[(DEBUG|INFO|WARNING|ERROR|CRITICAL)\] - ")
 
 
 def first_screen_problems(output: str) -> list[str]:
@@ -41,7 +43,7 @@ def first_screen_problems(output: str) -> list[str]:
         source_match = RAY_SOURCE.match(line)
         source = source_match.group(1) if source_match else "driver"
         text = line[source_match.end() :] if source_match else line
-        if ROOT_HANDLER.match(text):
+        if ROOT_HANDLER.match(text) or HYDRA_HANDLER.match(text):
             problems.append(f"root handler: {line}")
         if text.startswith("DEBUG") or (ROOT_HANDLER.match(text) and ":DEBUG:" in f":{text}"):
             problems.append(f"DEBUG: {line}")
@@ -49,7 +51,7 @@ def first_screen_problems(output: str) -> list[str]:
             problems.append(f"FutureWarning: {line}")
         if "configure_train: Sampled" in text:
             problems.append(f"inner sampling: {line}")
-        message = ROOT_HANDLER.sub("", FLOWER_LEVEL.sub("", text)).strip()
+        message = HYDRA_HANDLER.sub("", ROOT_HANDLER.sub("", FLOWER_LEVEL.sub("", text))).strip()
         if not message:
             continue
         if (source, message) in seen:
@@ -68,6 +70,8 @@ def test_the_checker_finds_each_problem_and_nothing_else() -> None:
     assert first_screen_problems(clean) == []
     doubled = "INFO :      [round 1/2] eps 0.9\n11/27/2026 23:18:12:INFO:[round 1/2] eps 0.9\n"
     assert [p.split(":")[0] for p in first_screen_problems(doubled)] == ["root handler", "printed twice"]
+    hydra = "WARNING :   Distributed DP: weak\n[2026-11-29 05:44:43,059][flwr][WARNING] - Distributed DP: weak\n"
+    assert [p.split(":")[0] for p in first_screen_problems(hydra)] == ["root handler", "printed twice"]
     assert [p.split(":")[0] for p in first_screen_problems("11/27/2026 23:18:12:DEBUG:Initialising: RayBackend")] == [
         "root handler",
         "DEBUG",

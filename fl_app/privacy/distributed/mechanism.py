@@ -124,6 +124,15 @@ class DistributedLedger(PrivacyLedger):
             return self.epsilon()
         return self.accountant.epsilon_after(skellam_event(self.parameters, noise_multiplier, sample_rate), rounds)
 
+    def _models_statement(self, epsilon: float, aborts: float) -> str:
+        """The guarantee against whoever sees the models, its δ with the aborts' share; none when that reaches 1."""
+        t = self.parameters.min_clients
+        why = f"the chance that a round's sample has fewer than t = {t} clients and is visibly aborted"
+        if self.delta + aborts >= 1.0:
+            return f"no client-level guarantee against whoever sees the released models ({why} makes delta >= 1)"
+        return (f"client-level ({epsilon:.4g}, {self.delta + aborts:.3g})-DP against whoever sees the released models "
+                f"(delta includes {aborts:.3g} for {why})")  # fmt: skip
+
     def state_dict(self) -> dict[str, Any]:
         return {"models": self.accountant.state_dict(), "server": self.server_accountant.state_dict()}
 
@@ -136,11 +145,9 @@ class DistributedLedger(PrivacyLedger):
         p = self.parameters
         return {
             "statement": (
-                f"client-level ({epsilon:.4g}, {self.delta + aborts:.3g})-DP against whoever sees the released "
-                f"models (delta includes {aborts:.3g} for the chance that a round's sample has fewer than "
-                f"t = {p.min_clients} clients and is visibly aborted); ({server:.4g}, {self.delta:.3g})-DP against the "
-                "server for the content of one client's update (it sees who takes part, each round's sample, and "
-                "the sum of its clients' noisy updates, never one client's)"
+                f"{self._models_statement(epsilon, aborts)}; ({server:.4g}, {self.delta:.3g})-DP against the server "
+                "for the content of one client's update (it sees who takes part, each round's sample, and the sum "
+                "of its clients' noisy updates, never one client's)"
             ),
             "accountant": "rdp (distributed Skellam mechanism)",
             "sampling_event": "poisson (amplifies against the models' consumers only)",

@@ -100,3 +100,13 @@ def test_the_default_threshold_is_the_largest_whose_aborts_add_a_tenth_of_delta(
         added = (1 + math.exp(epsilon)) * T * sample_below_probability(t, M, Q)
         assert (added <= ABORT_SHARE_OF_DELTA * DELTA) is within
     assert default_threshold(6, 4.0, 0.01, 100, 0.1, 12) == 2  # m = 10: no t meets it; the run warns
+
+
+def test_a_run_whose_aborts_reach_delta_one_states_no_guarantee_against_the_models_consumers() -> None:
+    # M = 6, q = 0.5, t = 2: a neighbour's sample of 5 is below 2 with probability 6/32 a round.
+    ledger = DistributedLedger(1 / 6, 6, dataclasses.replace(_parameters(), min_clients=2, max_clients=6))
+    ledger.step(1.0, 0.5, 2)
+    assert ledger.abort_probability(0.5) == pytest.approx(6 / 32)
+    statement = ledger.claim()["statement"]
+    assert statement.startswith("no client-level guarantee against whoever sees the released models")
+    assert "-DP against the server" in statement
