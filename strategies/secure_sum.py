@@ -85,13 +85,12 @@ class SecureSum:
             )
         parameters = self.parameters
         answered: dict[str, int] = {}
-        try:
-            protocol = SecureSumRound(sorted(route), parameters.min_clients, parameters.bits,
-                                      parameters.padded, degree=self.neighbours)  # fmt: skip
-        except ValueError:  # fewer clients sampled than the threshold
+        if len(route) < parameters.min_clients:
             reason = (f"{len(route)} client(s) sampled, fewer than privacy.distributed.threshold: t = "
                       f"{parameters.min_clients}")  # fmt: skip
             return self._aborted(plan, reason, answered)
+        protocol = SecureSumRound(sorted(route), parameters.min_clients, parameters.bits,
+                                  parameters.padded, degree=self.neighbours)  # fmt: skip
         stage_run = _StageRunner(grid, plan.server_round, route, timeout, answered, on_pushed)
         seed = int(self.randomness.round_rng(plan.server_round, STREAM_ROTATION).integers(2**32))
         try:

@@ -149,6 +149,14 @@ def test_a_client_dropping_out_is_survived_and_the_accounting_is_unchanged(stage
     assert strategy.epsilon() == pytest.approx(one_release, rel=1e-12)
 
 
+def test_a_sample_below_the_threshold_aborts_the_round_unmasked_and_accounted() -> None:
+    # t = 6 of M = 6 at q = 0.5: the seeded sample of round 1 is smaller, so nothing is sent or unmasked.
+    strategy, grid, initial, final = _run("+privacy.distributed.threshold=6", rounds=1)
+    assert not [r for r in grid.received if r.metadata.message_type == MESSAGE_TYPE]
+    assert all(np.array_equal(a, b) for a, b in zip(initial, final, strict=True))
+    assert strategy.dp_guarantee()["rounds_accounted"] == 1
+
+
 def test_a_plain_train_message_of_a_distributed_round_is_refused_by_the_client() -> None:
     strategy = build(*DISTRIBUTED)
     grid = InProcessGrid(6)  # our plain train handler, as a loop that sends the train messages itself would reach
